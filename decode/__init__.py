@@ -1,0 +1,1 @@
+"""Model pairs and an exact speculative decoder."""

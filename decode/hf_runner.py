@@ -1,0 +1,51 @@
+"""Any transformers causal LM, driven through its own cache.
+
+transformers' caches only append, so this runner keeps every slot it ever
+wrote and remembers, per row, which logical position each slot holds. Starting
+a forward at an earlier position masks the slots at or beyond it out of the
+attention (they stay in memory, unread). Slower than the native runner, but it
+works for every architecture transformers can run.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+from transformers import DynamicCache
+
+from decode.runner import CausalLMRunner, positions_for, select_positions
+
+
+class HFRunner(CausalLMRunner):
+    def __init__(self, model, vocab_size: int):
+        self.model = model
+        self.vocab_size = vocab_size
+        parameter = next(model.parameters())
+        self.dtype, self.device = parameter.dtype, parameter.device
+        forward_args = inspect.signature(model.forward).parameters
+        self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
+        self.cache = None
+
+    def reset(self, batch_size: int, max_len: int) -> None:
+        self.cache = DynamicCache(config=self.model.config)
+        # slot_position[b, s]: the logical position held by slot s of row b, or -1 once forgotten
+        self.slot_position = torch.empty(batch_size, 0, dtype=torch.long, device=self.device)
+
+    def free(self) -> None:
+        self.cache = None
+
+    @torch.inference_mode()
+    def forward(self, tokens, start, kv_len, logits_at=None):
+        batch, length = tokens.shape
+        positions = positions_for(start, length)
+        forgotten = self.slot_position >= start[:, None]
+        self.slot_position = torch.cat([self.slot_position.masked_fill(forgotten, -1), positions], dim=1)
+        visible = (self.slot_position[:, None, :] >= 0) & \
+                  (self.slot_position[:, None, :] <= positions[:, :, None])  # [B, T, slots]
+        additive_mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
+        additive_mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
+        # The full model, not base model + head: some architectures post-process their logits.
+        logits = self.model(input_ids=tokens, attention_mask=additive_mask[:, None], position_ids=positions,
+                            use_cache=True, **{self._cache_arg: self.cache}).logits
+        return select_positions(logits, logits_at)[..., : self.vocab_size]

@@ -1,0 +1,103 @@
+"""Decode metrics as raw counts and seconds that add up across calls, rows and processes.
+
+Rates (alpha, mean accepted length) are divided out last, from the summed counts.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field, fields
+
+import torch
+
+
+def _add_lists(a: list[int], b: list[int]) -> list[int]:
+    longer, shorter = (a, b) if len(a) >= len(b) else (b, a)
+    return [x + (shorter[i] if i < len(shorter) else 0) for i, x in enumerate(longer)]
+
+
+@dataclass
+class DecodeMetrics:
+    calls: int = 0
+    sequences: int = 0
+    tokens: int = 0  # new tokens emitted (bonus and resampled tokens included)
+    rounds: int = 0  # row-rounds: one per unfinished row per speculative round (per step for AR)
+    drafted: int = 0
+    accepted: int = 0
+    drafted_per_position: list[int] = field(default_factory=list)
+    accepted_per_position: list[int] = field(default_factory=list)
+    ttft_s: float = 0.0  # summed over calls
+    draft_s: float = 0.0  # draft forwards (its prefill included)
+    verify_s: float = 0.0  # target forwards after the prefill (the AR steps count here too)
+    total_s: float = 0.0
+
+    def __add__(self, other: "DecodeMetrics") -> "DecodeMetrics":
+        merged = {}
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            merged[f.name] = _add_lists(a, b) if isinstance(a, list) else a + b
+        return DecodeMetrics(**merged)
+
+    @property
+    def alpha(self) -> float:
+        """Fraction of drafted tokens the acceptance rule kept."""
+        return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Tokens emitted per row-round, bonus and resampled tokens included.
+
+        Each row's first token comes from the prefill, not from a round.
+        """
+        return (self.tokens - self.sequences) / self.rounds if self.rounds else float("nan")
+
+    @property
+    def other_s(self) -> float:
+        """Time outside the model forwards and the prefill: sampling, accept/reject, bookkeeping."""
+        return max(self.total_s - self.ttft_s - self.draft_s - self.verify_s, 0.0)
+
+    @property
+    def overhead_share(self) -> float:
+        """Share of the decode time (after the first token) spent outside model forwards."""
+        decode_s = self.total_s - self.ttft_s
+        return self.other_s / decode_s if decode_s > 0 else float("nan")
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.total_s if self.total_s else float("nan")
+
+    def acceptance_by_position(self) -> list[float]:
+        return [a / d if d else float("nan")
+                for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def to_dict(self) -> dict:
+        out = asdict(self)
+        out.update(alpha=self.alpha, mean_accepted_length=self.mean_accepted_length,
+                   other_s=self.other_s, overhead_share=self.overhead_share, tokens_per_s=self.tokens_per_s,
+                   acceptance_by_position=self.acceptance_by_position())
+        return out
+
+
+class PhaseTimer:
+    """Wall time per phase; on CUDA with events, so timing adds no host sync per phase."""
+
+    def __init__(self, device: torch.device):
+        self.cuda = device.type == "cuda"
+        self.spans: dict[str, list] = {}
+
+    def start(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def add(self, phase: str, started) -> None:
+        self.spans.setdefault(phase, []).append((started, self.start()))
+
+    def seconds(self, phase: str) -> float:
+        spans = self.spans.get(phase, [])
+        if self.cuda:
+            torch.cuda.synchronize()
+            return sum(begin.elapsed_time(end) for begin, end in spans) / 1000.0
+        return sum(end - begin for begin, end in spans)

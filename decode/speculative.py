@@ -1,0 +1,296 @@
+"""Speculative sampling that keeps the target's distribution exactly.
+
+One round for every unfinished row: the draft proposes gamma tokens x_1..x_g
+with probabilities q, the target scores all of them in one forward (p at g + 1
+positions), x_i is accepted with probability min(1, p(x_i) / q(x_i)), the first
+rejected position is resampled from norm(max(0, p - q)), and when all g are
+accepted a bonus token is drawn from the target's last distribution. Rows
+advance by their own accepted counts; the caches roll back by logical length.
+
+Cache invariants between rounds, per row, with `length` tokens known:
+  target cache holds positions [0, length - 1): the last token is pending;
+  draft cache holds at least [0, length - 2): after a fully accepted round x_g
+  and the bonus token are both pending, so each round starts by feeding the
+  draft the last two tokens (rewriting one slot when only one was pending).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import torch
+
+from decode.metrics import DecodeMetrics, PhaseTimer
+from decode.runner import CausalLMRunner
+from decode.sampling import SamplingParams, probs_from_logits, sample
+
+
+def acceptance_mask(target_token_probs: torch.Tensor, draft_token_probs: torch.Tensor,
+                    uniform: torch.Tensor) -> torch.Tensor:
+    """Accept with probability min(1, p/q): u < p/q, written as u * q < p (q > 0 for a drafted token)."""
+    return uniform * draft_token_probs < target_token_probs
+
+
+def verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: torch.Tensor,
+           generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The accept/reject step, vectorised over rows and positions (no host sync).
+
+    draft_tokens [B, G]; draft_probs [B, G, V] (q); target_probs [B, G + 1, V] (p).
+    Returns accepted_counts [B] (length of the accepted prefix, 0..G) and
+    next_tokens [B]: the resampled token at the first rejection, or the bonus
+    token drawn from p at position G when all G were accepted.
+    """
+    batch, gamma = draft_tokens.shape
+    target_token_probs = target_probs[:, :gamma].gather(-1, draft_tokens[..., None]).squeeze(-1)
+    draft_token_probs = draft_probs.gather(-1, draft_tokens[..., None]).squeeze(-1)
+    uniform = torch.rand(draft_token_probs.shape, generator=generator, device=draft_tokens.device,
+                         dtype=draft_token_probs.dtype)
+    accepted = acceptance_mask(target_token_probs, draft_token_probs, uniform)
+    accepted_counts = accepted.long().cumprod(-1).sum(-1)
+
+    at_stop = accepted_counts[:, None, None].expand(batch, 1, target_probs.shape[-1])
+    target_at_stop = target_probs.gather(1, at_stop).squeeze(1)
+    # q is zero past the last drafted position, which turns the residual into p: the bonus token
+    draft_at_stop = draft_probs.gather(1, at_stop.clamp(max=gamma - 1)).squeeze(1)
+    draft_at_stop = draft_at_stop * (accepted_counts < gamma)[:, None]
+    residual = (target_at_stop - draft_at_stop).clamp_(min=0)
+    mass = residual.sum(-1, keepdim=True)
+    # p == q leaves no residual mass (and then no rejection can happen); sample p instead of 0/0
+    residual = torch.where(mass > 0, residual / mass.clamp(min=torch.finfo(mass.dtype).tiny), target_at_stop)
+    return accepted_counts, sample(residual, generator)
+
+
+@dataclass(frozen=True)
+class GammaPolicy:
+    """How many tokens the draft proposes per round.
+
+    Dynamic: one more after a round every row accepted fully, one fewer after
+    a round whose rows accepted less than half on average, within [min, max].
+    """
+
+    gamma: int = 5
+    dynamic: bool = False
+    min_gamma: int = 3
+    max_gamma: int = 8
+
+    def __post_init__(self):
+        if self.gamma < 1:
+            raise ValueError(f"gamma must be >= 1, got {self.gamma}")
+        if self.dynamic and not 1 <= self.min_gamma <= self.gamma <= self.max_gamma:
+            raise ValueError(f"dynamic gamma needs 1 <= min_gamma <= gamma <= max_gamma, got "
+                             f"{self.min_gamma} <= {self.gamma} <= {self.max_gamma}")
+
+    @property
+    def largest(self) -> int:
+        return self.max_gamma if self.dynamic else self.gamma
+
+    def next(self, gamma: int, accepted_counts: Sequence[int]) -> int:
+        if not self.dynamic or not accepted_counts:
+            return gamma
+        if min(accepted_counts) == gamma:
+            return min(gamma + 1, self.max_gamma)
+        if sum(accepted_counts) < len(accepted_counts) * gamma / 2:
+            return max(gamma - 1, self.min_gamma)
+        return gamma
+
+
+@dataclass
+class Generation:
+    tokens: list[list[int]]  # new tokens per prompt (EOS included when it ended the row)
+    metrics: DecodeMetrics
+    stopped_by_eos: list[bool] = field(default_factory=list)
+
+
+class SpeculativeDecoder:
+    """Speculative decoding of a target with a draft, and the AR baseline on the same engine."""
+
+    def __init__(self, target: CausalLMRunner, draft: CausalLMRunner | None,
+                 eos_token_ids: Sequence[int], pad_token_id: int = 0):
+        if draft is not None and draft.vocab_size != target.vocab_size:
+            raise ValueError(f"draft vocabulary ({draft.vocab_size}) != target vocabulary ({target.vocab_size})")
+        self.target, self.draft = target, draft
+        self.device = target.device
+        self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
+        self.pad_token_id = pad_token_id
+
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
+                 sampling: SamplingParams, gamma: GammaPolicy | None = None, seed: int = 0) -> Generation:
+        """gamma=None (or no draft) decodes autoregressively with the target alone."""
+        speculative = gamma is not None
+        if speculative and self.draft is None:
+            raise ValueError("speculative decoding needs a draft model")
+        state = _Batch(self, prompts, max_new_tokens, gamma.largest if speculative else 0, seed)
+        timer = PhaseTimer(self.device)
+        began = timer.start()
+        self.target.reset(state.batch, state.capacity)
+        state.prefill(sampling)
+        timer.add("ttft", began)
+        if speculative:
+            started = timer.start()
+            self.draft.reset(state.batch, state.capacity)
+            state.prefill_draft()
+            timer.add("draft", started)
+        current_gamma = gamma.gamma if speculative else 0
+        while state.any_active:
+            if speculative:
+                accepted = state.speculative_round(current_gamma, sampling, timer)
+                current_gamma = gamma.next(current_gamma, accepted)
+            else:
+                state.autoregressive_step(sampling, timer)
+        timer.add("total", began)
+        self.target.free()
+        if speculative:
+            self.draft.free()
+        return state.result(timer)
+
+
+class _Batch:
+    """The rows of one generate call: token buffer, lengths, and the counts they produce."""
+
+    def __init__(self, decoder: SpeculativeDecoder, prompts, max_new_tokens, largest_gamma: int, seed: int):
+        if not prompts:
+            raise ValueError("no prompts given")
+        if any(len(prompt) == 0 for prompt in prompts):
+            raise ValueError("every prompt needs at least one token")
+        vocab = decoder.target.vocab_size
+        if any(not 0 <= token < vocab for prompt in prompts for token in prompt):
+            raise ValueError(f"prompt token ids must lie in [0, {vocab})")
+        self.decoder = decoder
+        self.batch = len(prompts)
+        budgets = [max_new_tokens] * self.batch if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(budgets) != self.batch or min(budgets) < 1:
+            raise ValueError("max_new_tokens must be >= 1, one value or one per prompt")
+        device = decoder.device
+        self.prompt_lengths = [len(prompt) for prompt in prompts]
+        self.longest_prompt = max(self.prompt_lengths)
+        self.capacity = self.longest_prompt + max(budgets) + largest_gamma + 2
+        self.tokens = torch.full((self.batch, self.capacity), decoder.pad_token_id, dtype=torch.long, device=device)
+        for row, prompt in enumerate(prompts):
+            self.tokens[row, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
+        self.lengths = torch.tensor(self.prompt_lengths, device=device)
+        self.budgets = torch.tensor(budgets, device=device)
+        self.generated = torch.zeros(self.batch, dtype=torch.long, device=device)
+        self.active = torch.ones(self.batch, dtype=torch.bool, device=device)
+        self.stopped_by_eos = torch.zeros(self.batch, dtype=torch.bool, device=device)
+        self.lengths_host = list(self.prompt_lengths)
+        self.active_host = [True] * self.batch
+        self.generator = torch.Generator(device=device).manual_seed(seed)
+        self.rows = torch.arange(self.batch, device=device)
+        self.metrics = DecodeMetrics(calls=1, sequences=self.batch,
+                                     drafted_per_position=[0] * largest_gamma,
+                                     accepted_per_position=[0] * largest_gamma)
+        self.accepted_per_position = torch.zeros(max(largest_gamma, 1), dtype=torch.long, device=device)
+
+    @property
+    def any_active(self) -> bool:
+        return any(self.active_host)
+
+    def _kv_len(self, ahead: int) -> int:
+        return min(max(self.lengths_host) + ahead, self.capacity)
+
+    def prefill(self, sampling: SamplingParams) -> None:
+        prompt_block = self.tokens[:, : self.longest_prompt]
+        start = torch.zeros(self.batch, dtype=torch.long, device=self.tokens.device)
+        last_prompt_position = (self.lengths - 1)[:, None]
+        logits = self.decoder.target.forward(prompt_block, start, self.longest_prompt, logits_at=last_prompt_position)
+        first = sample(probs_from_logits(logits[:, 0], sampling), self.generator)
+        self._emit(first[:, None], torch.ones_like(first))
+
+    def prefill_draft(self) -> None:
+        prompt_block = self.tokens[:, : self.longest_prompt]
+        start = torch.zeros(self.batch, dtype=torch.long, device=self.tokens.device)
+        no_logits = torch.empty(self.batch, 0, dtype=torch.long, device=self.tokens.device)
+        self.decoder.draft.forward(prompt_block, start, self.longest_prompt, logits_at=no_logits)
+
+    def autoregressive_step(self, sampling: SamplingParams, timer: PhaseTimer) -> None:
+        started = timer.start()
+        start = self.lengths - 1
+        logits = self.decoder.target.forward(self.tokens.gather(1, start[:, None]), start, self._kv_len(1))
+        timer.add("verify", started)
+        next_tokens = sample(probs_from_logits(logits[:, 0], sampling), self.generator)
+        self.metrics.rounds += sum(self.active_host)
+        self._emit(next_tokens[:, None], torch.ones_like(next_tokens))
+
+    def speculative_round(self, gamma: int, sampling: SamplingParams, timer: PhaseTimer) -> list[int]:
+        kv_len = self._kv_len(gamma + 1)
+        draft_tokens, draft_probs = self._propose(gamma, sampling, kv_len, timer)
+
+        started = timer.start()
+        start = self.lengths - 1
+        verify_tokens = torch.cat([self.tokens.gather(1, start[:, None]), draft_tokens], dim=1)
+        target_logits = self.decoder.target.forward(verify_tokens, start, kv_len)
+        timer.add("verify", started)
+
+        target_probs = probs_from_logits(target_logits, sampling)
+        accepted_counts, next_tokens = verify(draft_tokens, draft_probs, target_probs, self.generator)
+        new_tokens = torch.cat([draft_tokens, torch.zeros_like(next_tokens)[:, None]], dim=1)
+        new_tokens.scatter_(1, accepted_counts[:, None], next_tokens[:, None])
+        accepted_counts = accepted_counts * self.active
+        positions = torch.arange(gamma, device=self.tokens.device)
+        self.accepted_per_position[:gamma] += (accepted_counts[:, None] > positions).sum(0)
+        was_active = list(self.active_host)
+        accepted_host = self._emit(new_tokens, accepted_counts + 1, extra=accepted_counts)
+
+        accepted_active = [n for n, active in zip(accepted_host, was_active) if active]
+        self.metrics.rounds += len(accepted_active)
+        self.metrics.drafted += gamma * len(accepted_active)
+        self.metrics.accepted += sum(accepted_active)
+        for position in range(gamma):
+            self.metrics.drafted_per_position[position] += len(accepted_active)
+        return accepted_active
+
+    def _propose(self, gamma: int, sampling: SamplingParams, kv_len: int, timer: PhaseTimer):
+        """Draft gamma tokens per row -> tokens [B, gamma], their distributions q [B, gamma, V]."""
+        draft = self.decoder.draft
+        start = self.lengths - 2
+        catch_up = self.tokens.gather(1, start[:, None] + torch.arange(2, device=start.device))
+        last = torch.ones(self.batch, 1, dtype=torch.long, device=start.device)
+        started = timer.start()
+        logits = draft.forward(catch_up, start, kv_len, logits_at=last)
+        timer.add("draft", started)
+        tokens, probs = [], []
+        for step in range(gamma):
+            step_probs = probs_from_logits(logits[:, -1], sampling)
+            step_tokens = sample(step_probs, self.generator)
+            tokens.append(step_tokens)
+            probs.append(step_probs)
+            if step < gamma - 1:
+                started = timer.start()
+                logits = draft.forward(step_tokens[:, None], self.lengths + step, kv_len)
+                timer.add("draft", started)
+        return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
+
+    def _emit(self, new_tokens: torch.Tensor, proposed: torch.Tensor, extra: torch.Tensor | None = None):
+        """Append up to proposed [B] of new_tokens [B, K] per active row, cut at EOS and at the budget.
+
+        The one host sync of a round happens here. Returns `extra` on the host.
+        """
+        width = new_tokens.shape[1]
+        offsets = torch.arange(width, device=new_tokens.device)
+        is_eos = torch.isin(new_tokens, self.decoder.eos) & (offsets < proposed[:, None])
+        hit_eos = is_eos.any(-1)
+        until_eos = torch.where(hit_eos, is_eos.long().argmax(-1) + 1, proposed)
+        counts = torch.minimum(until_eos, self.budgets - self.generated) * self.active
+        self.tokens.scatter_(1, self.lengths[:, None] + offsets, new_tokens)
+        self.stopped_by_eos |= hit_eos & self.active & (until_eos <= counts)
+        self.lengths += counts
+        self.generated += counts
+        self.active &= ~self.stopped_by_eos & (self.generated < self.budgets)
+        rows = [counts, self.active.long()] + ([extra] if extra is not None else [])
+        host = torch.stack(rows).tolist()
+        self.lengths_host = [length + count for length, count in zip(self.lengths_host, host[0])]
+        self.active_host = [bool(flag) for flag in host[1]]
+        self.metrics.tokens += sum(host[0])
+        return host[2] if extra is not None else None
+
+    def result(self, timer: PhaseTimer) -> Generation:
+        metrics = self.metrics
+        metrics.accepted_per_position = self.accepted_per_position.tolist()[: len(metrics.drafted_per_position)]
+        metrics.ttft_s = timer.seconds("ttft")
+        metrics.draft_s = timer.seconds("draft")
+        metrics.verify_s = timer.seconds("verify")
+        metrics.total_s = timer.seconds("total")
+        rows = self.tokens.tolist()
+        tokens = [rows[b][self.prompt_lengths[b]: self.lengths_host[b]] for b in range(self.batch)]
+        return Generation(tokens=tokens, metrics=metrics, stopped_by_eos=self.stopped_by_eos.tolist())

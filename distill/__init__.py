@@ -1,0 +1,1 @@
+"""Chat-aligned training data and distillation losses for draft models."""

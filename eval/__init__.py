@@ -1,0 +1,1 @@
+"""Acceptance measurement, reports and production monitoring."""

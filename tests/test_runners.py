@@ -1,0 +1,101 @@
+"""Both runners give the logits of an uncached forward, whatever was written and rolled back."""
+
+import pytest
+import torch
+from transformers import MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM, Qwen3Config, \
+    Qwen3ForCausalLM
+
+from decode.hf_runner import HFRunner
+from decode.native import NativeLlamaRunner, native_unsupported_reason
+from decode.tiny import tiny_llama
+
+RUNNERS = {"native": NativeLlamaRunner, "transformers": HFRunner}
+VOCAB = 50
+
+
+def uncached(model, tokens):
+    with torch.no_grad():
+        return model(tokens).logits[..., :VOCAB]
+
+
+def small_family_models():
+    common = dict(vocab_size=VOCAB, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    return {
+        "llama": tiny_llama(VOCAB, dtype=torch.float64, init_std=0.2),
+        "qwen2 (qkv bias)": Qwen2ForCausalLM(Qwen2Config(**common)).double().eval(),
+        "qwen3 (q/k norm)": Qwen3ForCausalLM(Qwen3Config(**common, head_dim=8)).double().eval(),
+        "mistral": MistralForCausalLM(MistralConfig(**common, sliding_window=None)).double().eval(),
+        "llama3 rope scaling": tiny_llama(VOCAB, dtype=torch.float64, init_std=0.2, rope_parameters={
+            "rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0, "original_max_position_embeddings": 64}),
+    }
+
+
+MODELS = small_family_models()
+
+
+@pytest.mark.parametrize("family", list(MODELS))
+def test_native_forward_matches_transformers(family):
+    model = MODELS[family]
+    assert native_unsupported_reason(model) is None
+    runner = NativeLlamaRunner(model, VOCAB)
+    tokens = torch.randint(0, VOCAB, (3, 17), generator=torch.Generator().manual_seed(0))
+    runner.reset(3, 32)
+    logits = runner.forward(tokens, torch.zeros(3, dtype=torch.long), 17)
+    torch.testing.assert_close(logits, uncached(model, tokens), rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("backend", list(RUNNERS))
+@pytest.mark.parametrize("family", ["llama", "qwen3 (q/k norm)"])
+def test_after_any_rollback_the_next_logits_equal_an_uncached_forward(backend, family):
+    model = MODELS[family]
+    gamma, prompt_len = 5, 9
+    generator = torch.Generator().manual_seed(1)
+    sequence = torch.randint(0, VOCAB, (1, prompt_len + gamma + 3), generator=generator)
+    for kept in range(gamma + 1):  # tokens of the block that stay accepted
+        runner = RUNNERS[backend](model, VOCAB)
+        runner.reset(1, 64)
+        runner.forward(sequence[:, :prompt_len], torch.tensor([0]), prompt_len)
+        rejected_block = torch.randint(0, VOCAB, (1, gamma + 1), generator=generator)
+        rejected_block[:, :kept] = sequence[:, prompt_len: prompt_len + kept]
+        runner.forward(rejected_block, torch.tensor([prompt_len]), prompt_len + gamma + 1)
+        resume = prompt_len + kept
+        logits = runner.forward(sequence[:, resume: resume + 3], torch.tensor([resume]), resume + 3)
+        expected = uncached(model, sequence[:, : resume + 3])[:, resume:]
+        torch.testing.assert_close(logits, expected, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("backend", list(RUNNERS))
+def test_rows_at_different_positions_share_a_batch(backend):
+    model = MODELS["llama"]
+    sequences = torch.randint(0, VOCAB, (3, 20), generator=torch.Generator().manual_seed(2))
+    lengths = [4, 11, 7]
+    runner = RUNNERS[backend](model, VOCAB)
+    runner.reset(3, 40)
+    runner.forward(sequences[:, :11], torch.zeros(3, dtype=torch.long), 11)  # rows shorter than 11 hold junk
+    start = torch.tensor(lengths)
+    block = torch.stack([sequences[row, n: n + 4] for row, n in enumerate(lengths)])
+    logits = runner.forward(block, start, 15)
+    for row, n in enumerate(lengths):
+        expected = uncached(model, sequences[row: row + 1, : n + 4])[0, n:]
+        torch.testing.assert_close(logits[row], expected, rtol=1e-9, atol=1e-9)
+
+
+@pytest.mark.parametrize("backend", list(RUNNERS))
+def test_logits_at_selects_positions_per_row(backend):
+    model = MODELS["llama"]
+    tokens = torch.randint(0, VOCAB, (2, 6), generator=torch.Generator().manual_seed(3))
+    runner = RUNNERS[backend](model, VOCAB)
+    runner.reset(2, 8)
+    logits = runner.forward(tokens, torch.zeros(2, dtype=torch.long), 6, logits_at=torch.tensor([[2], [5]]))
+    full = uncached(model, tokens)
+    torch.testing.assert_close(logits[:, 0], torch.stack([full[0, 2], full[1, 5]]), rtol=1e-9, atol=1e-9)
+
+
+def test_models_the_native_path_cannot_run_are_named():
+    sliding = MistralForCausalLM(MistralConfig(vocab_size=VOCAB, hidden_size=32, intermediate_size=64,
+                                               num_hidden_layers=1, num_attention_heads=4,
+                                               num_key_value_heads=2, sliding_window=16))
+    assert "sliding" in native_unsupported_reason(sliding)

@@ -1,0 +1,115 @@
+"""The accept/reject step on hand-built distributions, and the sampling transforms."""
+
+import pytest
+import torch
+
+from decode.sampling import SamplingParams, probs_from_logits, sample
+from decode.speculative import GammaPolicy, verify
+
+VOCAB = 7
+
+
+def one_hot(tokens):
+    return torch.nn.functional.one_hot(torch.as_tensor(tokens), VOCAB).double()
+
+
+@pytest.mark.parametrize("gamma", [1, 3, 5, 8])
+def test_rejection_at_every_position_resamples_the_target_token(gamma):
+    draft_tokens = torch.arange(gamma) % VOCAB
+    for reject_at in range(gamma):
+        target_choice = draft_tokens.clone()
+        target_choice[reject_at] = (draft_tokens[reject_at] + 1) % VOCAB
+        bonus = torch.tensor([3])
+        target_probs = one_hot(torch.cat([target_choice, bonus]))[None]
+        draft_probs = one_hot(draft_tokens)[None]
+        accepted, next_token = verify(draft_tokens[None], draft_probs, target_probs)
+        assert accepted.item() == reject_at
+        assert next_token.item() == target_choice[reject_at].item()
+
+
+@pytest.mark.parametrize("gamma", [1, 4])
+def test_full_acceptance_draws_the_bonus_token_from_the_last_target_distribution(gamma):
+    draft_tokens = torch.arange(gamma) % VOCAB
+    for bonus in range(VOCAB):
+        target_probs = one_hot(torch.cat([draft_tokens, torch.tensor([bonus])]))[None]
+        accepted, next_token = verify(draft_tokens[None], one_hot(draft_tokens)[None], target_probs)
+        assert accepted.item() == gamma
+        assert next_token.item() == bonus
+
+
+def test_rows_accept_independently():
+    draft_tokens = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    targets = torch.tensor([[1, 2, 3, 6], [1, 5, 3, 6], [4, 2, 3, 6]])
+    accepted, next_token = verify(draft_tokens, one_hot(draft_tokens), one_hot(targets))
+    assert accepted.tolist() == [3, 1, 0]
+    assert next_token.tolist() == [6, 5, 4]
+
+
+def test_accept_probability_is_min_one_p_over_q_and_residual_is_max_p_minus_q():
+    """p = (.5, .5), q = (1, 0): token 0 is kept half the time; a rejection must give token 1."""
+    n = 200_000
+    generator = torch.Generator().manual_seed(0)
+    target_probs = torch.tensor([[0.5, 0.5], [0.3, 0.7]], dtype=torch.float64).expand(n, 2, 2)
+    draft_probs = torch.tensor([[1.0, 0.0]], dtype=torch.float64).expand(n, 1, 2)
+    draft_tokens = torch.zeros(n, 1, dtype=torch.long)
+    accepted, next_token = verify(draft_tokens, draft_probs, target_probs, generator)
+    assert abs(accepted.double().mean().item() - 0.5) < 0.005
+    assert (next_token[accepted == 0] == 1).all()
+    bonus = next_token[accepted == 1].double().mean().item()  # bonus ~ p at position 1 = (.3, .7)
+    assert abs(bonus - 0.7) < 0.005
+
+
+def test_identical_distributions_never_reject_and_never_divide_by_zero():
+    probs = torch.softmax(torch.randn(64, 4, VOCAB, dtype=torch.float64), -1)
+    tokens = sample(probs)
+    target_probs = torch.cat([probs, probs[:, :1]], dim=1)
+    accepted, next_token = verify(tokens, probs, target_probs)
+    assert (accepted == 4).all()
+    assert ((next_token >= 0) & (next_token < VOCAB)).all()
+
+
+def test_zero_target_probability_is_always_rejected():
+    draft_tokens = torch.tensor([[2]])
+    target_probs = torch.tensor([[[0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]]])
+    draft_probs = torch.tensor([[[0.0, 0.0, 1.0]]])
+    for seed in range(20):
+        accepted, next_token = verify(draft_tokens, draft_probs, target_probs, torch.Generator().manual_seed(seed))
+        assert accepted.item() == 0 and next_token.item() in (0, 1)
+
+
+def test_temperature_zero_is_one_hot_argmax():
+    logits = torch.tensor([[0.1, 2.0, -1.0, 1.9]])
+    probs = probs_from_logits(logits, SamplingParams(temperature=0))
+    assert probs.tolist() == [[0.0, 1.0, 0.0, 0.0]]
+
+
+def test_top_k_and_top_p_keep_the_expected_support():
+    logits = torch.log(torch.tensor([[0.4, 0.3, 0.2, 0.1]]))
+    top_k = probs_from_logits(logits, SamplingParams(temperature=1.0, top_k=2))
+    assert torch.allclose(top_k, torch.tensor([[4 / 7, 3 / 7, 0.0, 0.0]]))
+    top_p = probs_from_logits(logits, SamplingParams(temperature=1.0, top_p=0.75))
+    assert torch.allclose(top_p, torch.tensor([[4 / 9, 3 / 9, 2 / 9, 0.0]]))
+
+
+def test_sample_follows_the_distribution():
+    probs = torch.tensor([0.1, 0.6, 0.3]).expand(100_000, 3)
+    counts = torch.bincount(sample(probs, torch.Generator().manual_seed(1)), minlength=3).double() / 100_000
+    assert torch.allclose(counts, torch.tensor([0.1, 0.6, 0.3], dtype=torch.float64), atol=0.006)
+
+
+def test_bad_sampling_settings_are_refused():
+    for bad in (dict(temperature=-1), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5)):
+        with pytest.raises(ValueError):
+            SamplingParams(**bad)
+
+
+def test_dynamic_gamma_grows_after_full_acceptance_and_shrinks_after_early_rejection():
+    policy = GammaPolicy(gamma=5, dynamic=True, min_gamma=3, max_gamma=8)
+    assert policy.next(5, [5, 5]) == 6
+    assert policy.next(8, [8]) == 8
+    assert policy.next(5, [1, 2]) == 4
+    assert policy.next(3, [0]) == 3
+    assert policy.next(5, [5, 3]) == 5
+    assert GammaPolicy(gamma=5).next(5, [5]) == 5
+    with pytest.raises(ValueError):
+        GammaPolicy(gamma=9, dynamic=True, min_gamma=3, max_gamma=8)

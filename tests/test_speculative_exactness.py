@@ -1,0 +1,100 @@
+"""Speculative sampling reproduces the target's sequence distribution exactly.
+
+On a 4-token vocabulary the target's distribution over the next 4 tokens has
+256 outcomes that can be computed exactly; 24k speculative samples must pass a
+chi-square test against it, and a wrong acceptance rule must fail the same test.
+"""
+
+import copy
+import itertools
+
+import pytest
+import torch
+from scipy.stats import chisquare
+
+import decode.speculative as speculative
+from decode.native import NativeLlamaRunner
+from decode.sampling import SamplingParams, probs_from_logits
+from decode.speculative import GammaPolicy, SpeculativeDecoder
+from decode.tiny import tiny_llama
+
+VOCAB, NEW_TOKENS, SAMPLES = 4, 4, 24_000
+PROMPT = [0, 1, 2]
+
+
+@pytest.fixture(scope="module")
+def models():
+    target = tiny_llama(VOCAB, num_layers=2, hidden_size=32, seed=10, init_std=0.15, dtype=torch.float64)
+    draft = copy.deepcopy(target)  # a perturbed copy: it agrees with the target about half the time
+    generator = torch.Generator().manual_seed(11)
+    with torch.no_grad():
+        for parameter in draft.parameters():
+            parameter.add_(torch.randn(parameter.shape, generator=generator, dtype=parameter.dtype) * 0.1)
+    return target, draft
+
+
+def exact_distribution(target, sampling):
+    """{sequence of NEW_TOKENS tokens: probability} under the target after the sampling transform."""
+    probabilities = {(): 1.0}
+    for _ in range(NEW_TOKENS):
+        prefixes = list(probabilities)
+        ids = torch.tensor([PROMPT + list(prefix) for prefix in prefixes])
+        with torch.no_grad():
+            next_probs = probs_from_logits(target(ids).logits[:, -1], sampling)
+        probabilities = {prefix + (token,): probabilities[prefix] * next_probs[row, token].item()
+                         for row, prefix in enumerate(prefixes) for token in range(VOCAB)}
+    return probabilities
+
+
+def chi_square_p_value(target, draft, sampling, policy, seed=0):
+    decoder = SpeculativeDecoder(NativeLlamaRunner(target, VOCAB), NativeLlamaRunner(draft, VOCAB), eos_token_ids=[])
+    result = decoder.generate([PROMPT] * SAMPLES, NEW_TOKENS, sampling, policy, seed=seed)
+    exact = exact_distribution(target, sampling)
+    counts = dict.fromkeys(exact, 0)
+    for tokens in result.tokens:
+        counts[tuple(tokens)] += 1  # a sequence outside the support raises KeyError: also a failure
+    observed, expected, rare_observed, rare_expected = [], [], 0, 0.0
+    for sequence, probability in exact.items():
+        if probability * SAMPLES >= 5:
+            observed.append(counts[sequence])
+            expected.append(probability * SAMPLES)
+        else:  # cells too small for the chi-square approximation are pooled
+            rare_observed += counts[sequence]
+            rare_expected += probability * SAMPLES
+    if rare_expected > 0:
+        observed.append(rare_observed)
+        expected.append(rare_expected)
+    else:
+        assert rare_observed == 0, "sampled a sequence the target gives probability 0"
+    return chisquare(observed, expected).pvalue, result.metrics.alpha
+
+
+SETTINGS = {
+    "temperature 1": SamplingParams(temperature=1.0),
+    "temperature 0.7 top-p 0.9": SamplingParams(temperature=0.7, top_p=0.9),
+    "top-k 2": SamplingParams(temperature=1.0, top_k=2),
+}
+
+
+@pytest.mark.parametrize("name", list(SETTINGS))
+def test_speculative_samples_follow_the_target_distribution(models, name):
+    p_value, alpha = chi_square_p_value(*models, SETTINGS[name], GammaPolicy(gamma=2))
+    assert 0.3 < alpha < 0.9, "the test needs both acceptances and rejections"
+    assert p_value > 1e-3
+
+
+def test_dynamic_gamma_keeps_the_distribution(models):
+    policy = GammaPolicy(gamma=2, dynamic=True, min_gamma=1, max_gamma=3)
+    assert chi_square_p_value(*models, SETTINGS["temperature 1"], policy)[0] > 1e-3
+
+
+def test_a_wrong_acceptance_rule_fails_the_same_test(models, monkeypatch):
+    """Accepting whenever p(x) >= q(x) (a threshold instead of a coin) biases the output."""
+    monkeypatch.setattr(speculative, "acceptance_mask", lambda p, q, u: p >= q)
+    assert chi_square_p_value(*models, SETTINGS["temperature 1"], GammaPolicy(gamma=2))[0] < 1e-3
+
+
+def test_exact_distribution_sums_to_one(models):
+    total = sum(exact_distribution(models[0], SETTINGS["temperature 0.7 top-p 0.9"]).values())
+    assert abs(total - 1.0) < 1e-9
+    assert len(list(itertools.product(range(VOCAB), repeat=NEW_TOKENS))) == 256

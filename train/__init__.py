@@ -1,0 +1,1 @@
+"""`python -m train +domain=...`: the pipeline's stages, configured by Hydra."""
