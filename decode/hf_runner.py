@@ -14,7 +14,7 @@ import inspect
 import torch
 from transformers import DynamicCache
 
-from decode.runner import CausalLMRunner, positions_for, select_positions
+from decode.runner import CausalLMRunner, kept_token_ids, positions_for, select_positions
 
 
 class HFRunner(CausalLMRunner):
@@ -26,6 +26,11 @@ class HFRunner(CausalLMRunner):
         forward_args = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         self.cache = None
+        kept = kept_token_ids(model)
+        self.dropped = None
+        if kept:  # a pruned draft: tokens outside its vocabulary get q = 0
+            self.dropped = torch.ones(vocab_size, dtype=torch.bool, device=self.device)
+            self.dropped[kept] = False
 
     def reset(self, batch_size: int, max_len: int) -> None:
         self.cache = DynamicCache(config=self.model.config)
@@ -48,4 +53,5 @@ class HFRunner(CausalLMRunner):
         # The full model, not base model + head: some architectures post-process their logits.
         logits = self.model(input_ids=tokens, attention_mask=additive_mask[:, None], position_ids=positions,
                             use_cache=True, **{self._cache_arg: self.cache}).logits
-        return select_positions(logits, logits_at)[..., : self.vocab_size]
+        logits = select_positions(logits, logits_at)[..., : self.vocab_size]
+        return logits if self.dropped is None else logits.masked_fill(self.dropped, float("-inf"))

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from decode.cache import KVCache
-from decode.runner import CausalLMRunner, positions_for, select_positions
+from decode.runner import CausalLMRunner, kept_token_ids, positions_for, select_positions
 
 NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -66,7 +66,12 @@ class NativeLlamaRunner(CausalLMRunner):
         self.layers = model.model.layers
         self.final_norm = model.model.norm.weight
         self.embed = model.get_input_embeddings().weight
-        self.head = model.get_output_embeddings().weight
+        self.head = model.get_output_embeddings().weight[:vocab_size]
+        kept = kept_token_ids(model)
+        self.kept_ids = None
+        if kept:  # a pruned draft: project onto its kept rows only (a small copy)
+            self.kept_ids = torch.tensor(kept, device=self.head.device)
+            self.head = self.head[self.kept_ids].contiguous()
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         self.cache: KVCache | None = None
@@ -109,7 +114,11 @@ class NativeLlamaRunner(CausalLMRunner):
             up = F.linear(normed, mlp.up_proj.weight, mlp.up_proj.bias)
             hidden = hidden + F.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         hidden = rms_norm(select_positions(hidden, logits_at), self.final_norm, self.eps)
-        return F.linear(hidden, self.head[: self.vocab_size])
+        logits = F.linear(hidden, self.head)
+        if self.kept_ids is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.kept_ids, logits)
 
     def _attention(self, index, layer, normed, positions, cos, sin, attend, kv_len):
         attn = layer.self_attn

@@ -38,12 +38,14 @@ class ModelPair:
     def eos_token_ids(self) -> list[int]:
         return eos_token_ids(self.tokenizer, self.target)
 
+    def target_runner(self):
+        return make_runner(self.target, self.vocab_size, self.target_backend)
+
     def decoder(self, draft: torch.nn.Module | None = None) -> SpeculativeDecoder:
         """A decoder over the pair (or over the target and another draft of the same tokenizer)."""
         draft = self.draft if draft is None else draft
         return SpeculativeDecoder(
-            make_runner(self.target, self.vocab_size, self.target_backend),
-            make_runner(draft, self.vocab_size, self.draft_backend),
+            self.target_runner(), make_runner(draft, self.vocab_size, self.draft_backend),
             self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id or 0)
 
     def encode_chat(self, prompts: list[str], system: str | None = None) -> list[list[int]]:

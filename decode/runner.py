@@ -37,6 +37,18 @@ class CausalLMRunner(abc.ABC):
         """Release the cache memory."""
 
 
+def kept_token_ids(model) -> list[int] | None:
+    """The draft vocabulary of a pruned draft (config.draft_vocab), or None for a full vocabulary.
+
+    A pruned draft keeps a full-size output head in its weights; only the rows of
+    these tokens are used, and every other token gets q = 0 (logit -inf), which
+    the acceptance rule handles exactly: such tokens are never drafted, and a
+    rejection resamples them from max(0, p - 0) = p.
+    """
+    kept = getattr(model.config, "draft_vocab", None)
+    return sorted(kept) if kept else None
+
+
 def positions_for(start: torch.Tensor, length: int) -> torch.Tensor:
     """start [B] -> positions [B, length]."""
     return start[:, None] + torch.arange(length, device=start.device)

@@ -6,9 +6,16 @@ line fails at start with its file, line number and reason.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 from dataclasses import dataclass
 from pathlib import Path
+
+import datasets
+import torch
+
+log = logging.getLogger(__name__)
 
 SHIPPED_DIR = Path(__file__).parent / "prompts"
 SPLITS = ("train", "heldout")
@@ -68,3 +75,123 @@ def load_prompts(domain: str, split: str | None = None) -> list[Prompt]:
         raise PromptError(f"no shipped prompts for domain {domain!r}; shipped: {shipped_domains()}")
     prompts = read_jsonl_prompts(path)
     return [p for p in prompts if split is None or p.split == split]
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training sequence: the chat-formatted prompt and an answer, loss on the answer only."""
+
+    input_ids: list[int]
+    prompt_length: int
+
+    def loss_mask(self) -> list[int]:
+        """1 at the positions whose next token is an answer token (the logits that predict the answer)."""
+        length = len(self.input_ids)
+        return [1 if self.prompt_length - 1 <= position < length - 1 else 0 for position in range(length)]
+
+
+def examples_from_records(records, max_length: int) -> list[Example]:
+    """Dataset rows {"input_ids", "prompt_length"} -> examples cut to max_length tokens.
+
+    Rows whose prompt leaves no room for an answer token are dropped.
+    """
+    examples, dropped = [], 0
+    for record in records:
+        ids = list(record["input_ids"])[:max_length]
+        if record["prompt_length"] < len(ids):
+            examples.append(Example(ids, record["prompt_length"]))
+        else:
+            dropped += 1
+    if dropped:
+        log.warning("%d of %d sequences have prompts of max_length (%d) tokens or more and are left out; "
+                    "raise method.max_length to keep them",
+                    dropped, dropped + len(examples), max_length)
+    return examples
+
+
+def collate(examples: list[Example], pad_token_id: int) -> dict:
+    """-> input_ids, attention_mask, loss_mask: [B, T] long tensors, right-padded."""
+    width = max(len(example.input_ids) for example in examples)
+    input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    for row, example in enumerate(examples):
+        length = len(example.input_ids)
+        input_ids[row, :length] = torch.tensor(example.input_ids)
+        attention_mask[row, :length] = 1
+        loss_mask[row, :length] = torch.tensor(example.loss_mask())
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+
+
+def load_domain_prompts(domain_cfg, seed: int = 0) -> tuple[list[Prompt], list[Prompt]]:
+    """The domain's (train, heldout) prompts from its configured source, checked before any model work.
+
+    source: shipped (the JSONL sets in distill/prompts), jsonl or parquet (a local file),
+    hf (a Hugging Face dataset id, loaded with `datasets`). `fields` maps prompt/split/id
+    to the source's column names; without a split column, heldout_fraction of the prompts
+    (chosen by a hash of their id, so stable across runs) is held out.
+    """
+    source = domain_cfg.source
+    fields = domain_cfg.get("fields") or {}
+    prompt_field, split_field, id_field = (fields.get("prompt", "prompt"), fields.get("split", "split"),
+                                           fields.get("id", "id"))
+    if source == "shipped":
+        prompts = load_prompts(domain_cfg.name)
+    elif source == "jsonl":
+        prompts = read_jsonl_prompts(_existing_file(domain_cfg.path), prompt_field, split_field, id_field)
+    elif source in ("parquet", "hf"):
+        prompts = _table_prompts(domain_cfg, prompt_field, split_field, id_field)
+    else:
+        raise PromptError(f"domain {domain_cfg.name}: source must be shipped, jsonl, parquet or hf, got {source!r}")
+    if not any(p.split == "heldout" for p in prompts):
+        prompts = _hash_split(prompts, domain_cfg.get("heldout_fraction", 0.2))
+    train = [p for p in prompts if p.split == "train"]
+    heldout = [p for p in prompts if p.split == "heldout"]
+    if not train or not heldout:
+        raise PromptError(f"domain {domain_cfg.name}: need both train and heldout prompts, "
+                          f"got {len(train)} and {len(heldout)}")
+    return train, heldout
+
+
+def _existing_file(path) -> Path:
+    if not path:
+        raise PromptError("domain.path is required for source jsonl/parquet")
+    path = Path(path).expanduser()
+    if not path.is_file():
+        raise PromptError(f"prompt file not found: {path}")
+    return path
+
+
+def _table_prompts(domain_cfg, prompt_field: str, split_field: str, id_field: str) -> list[Prompt]:
+    if domain_cfg.source == "parquet":
+        path = _existing_file(domain_cfg.path)
+        table, where = datasets.Dataset.from_parquet(str(path)), str(path)
+    else:
+        where = f"dataset {domain_cfg.path}"
+        table = datasets.load_dataset(domain_cfg.path, split=domain_cfg.get("hf_split", "train"))
+    if prompt_field not in table.column_names:
+        raise PromptError(f"{where}: no column {prompt_field!r} (columns: {table.column_names}); "
+                          f"set domain.fields.prompt")
+    prompts = []
+    for row_number, row in enumerate(table, start=1):
+        text = row[prompt_field]
+        if not isinstance(text, str) or not text.strip():
+            raise PromptError(f"{where}: row {row_number}: {prompt_field!r} must be a non-empty string")
+        split = row.get(split_field) or "train"
+        if split not in SPLITS:
+            raise PromptError(f"{where}: row {row_number}: {split_field!r} must be one of {SPLITS}, got {split!r}")
+        prompts.append(Prompt(str(row.get(id_field, f"{domain_cfg.name}-{row_number}")), text, split))
+    if not prompts:
+        raise PromptError(f"{where}: no prompts")
+    return prompts
+
+
+def _hash_split(prompts: list[Prompt], heldout_fraction: float) -> list[Prompt]:
+    if not 0 < heldout_fraction < 1:
+        raise PromptError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+
+    def held_out(prompt: Prompt) -> bool:
+        digest = hashlib.sha256(prompt.id.encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < heldout_fraction
+
+    return [Prompt(p.id, p.text, "heldout" if held_out(p) else "train") for p in prompts]

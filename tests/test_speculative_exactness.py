@@ -98,3 +98,14 @@ def test_exact_distribution_sums_to_one(models):
     total = sum(exact_distribution(models[0], SETTINGS["temperature 0.7 top-p 0.9"]).values())
     assert abs(total - 1.0) < 1e-9
     assert len(list(itertools.product(range(VOCAB), repeat=NEW_TOKENS))) == 256
+
+
+def test_a_pruned_draft_vocabulary_keeps_the_distribution(models):
+    """The draft never proposes token 3 (q = 0); the target still emits it with its exact probability."""
+    target, draft = models
+    pruned = copy.deepcopy(draft)
+    pruned.config.draft_vocab = [0, 1, 2]
+    p_value, alpha = chi_square_p_value(target, pruned, SETTINGS["temperature 1"], GammaPolicy(gamma=2))
+    assert p_value > 1e-3
+    exact = exact_distribution(target, SETTINGS["temperature 1"])
+    assert sum(prob for sequence, prob in exact.items() if 3 in sequence) > 0.05  # token 3 does matter here

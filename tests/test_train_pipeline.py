@@ -1,0 +1,250 @@
+"""The training pipeline on the tiny random pair: configs, errors, loss, resume, NaN, caching."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from accelerate import Accelerator
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from safetensors.torch import load_file
+
+from decode.models import ModelSpec
+from decode.pair import load_pair
+from decode.sampling import SamplingParams
+from distill.data import PromptError, examples_from_records, load_domain_prompts, read_jsonl_prompts, \
+    shipped_domains
+from distill.generate import answer_prompts, generate_dataset
+from train.pipeline import ConfigError, validate
+from train.recipe import DistillationRecipe, TrainingDiverged, TrainSettings
+from train.tracking import Tracker
+
+ROOT = Path(__file__).resolve().parents[1]
+CONF = ROOT / "conf"
+
+
+@pytest.fixture
+def compose_train():
+    def compose_with(overrides):
+        GlobalHydra.instance().clear()
+        with initialize_config_dir(config_dir=str(CONF), version_base=None):
+            return compose(config_name="train", overrides=overrides)
+    yield compose_with
+    GlobalHydra.instance().clear()
+
+
+def run_cli(args, env_extra=None, timeout=600):
+    env = {**os.environ, "WANDB_MODE": "disabled", **(env_extra or {})}
+    return subprocess.run([sys.executable, "-m", "train", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.mark.parametrize("method", ["distill", "lora"])
+def test_every_domain_composes_with_every_method(compose_train, method):
+    assert set(shipped_domains()) >= {"code", "math", "translation", "chat"}
+    for domain in shipped_domains():
+        cfg = compose_train([f"+domain={domain}", f"method={method}"])
+        validate(cfg)
+        assert cfg.domain.name == domain and cfg.method.name == method
+        assert (cfg.method.lora is not None) == (method == "lora")
+        train, heldout = load_domain_prompts(cfg.domain)
+        assert len(train) >= 300 and len(heldout) >= 50
+
+
+def test_debug_tiny_switches_to_the_tiny_pair(compose_train):
+    cfg = compose_train(["+domain=code", "+debug=tiny"])
+    assert cfg.pair.target.path == "tiny-random" and cfg.logger.mode == "disabled"
+
+
+def test_running_without_a_domain_names_the_domains(compose_train):
+    with pytest.raises(ConfigError, match="code"):
+        validate(compose_train([]))
+    result = run_cli([])
+    assert result.returncode == 2
+    assert "+domain=<name>" in result.stderr
+
+
+def test_impossible_settings_are_refused_before_work(compose_train):
+    for bad in (["method.micro_batch_size=0"], ["decode.dynamic_gamma=true", "decode.min_gamma=9"],
+                ["stages=[train,deploy]"], ["method.on_policy_fraction=1.5"]):
+        with pytest.raises((ConfigError, ValueError)):
+            validate(compose_train(["+domain=code", *bad]))
+
+
+def test_malformed_prompt_files_name_file_line_and_reason(tmp_path):
+    cases = {
+        '{"prompt": "fine", "split": "train"}\n{"prompt": "broken\n': "bad.jsonl:2: not valid JSON",
+        '{"prompt": "fine"}\n{"text": "no prompt field"}\n': "bad.jsonl:2: field 'prompt' must be a non-empty string",
+        '{"prompt": "fine", "split": "dev"}\n': "bad.jsonl:1: field 'split' must be one of",
+        '{"prompt": "a", "id": "x"}\n{"prompt": "b", "id": "x"}\n': "bad.jsonl:2: duplicate id 'x'",
+        '{"prompt": "fine"}\n\n': "bad.jsonl:2: empty line",
+        '': "no prompts",
+    }
+    for content, message in cases.items():
+        path = tmp_path / "bad.jsonl"
+        path.write_text(content)
+        with pytest.raises(PromptError, match=message.replace("(", r"\(")):
+            read_jsonl_prompts(path)
+    with pytest.raises(PromptError, match="not found"):
+        read_jsonl_prompts(tmp_path / "missing.jsonl")
+
+
+def test_a_malformed_prompt_file_stops_the_cli_before_any_model_is_loaded(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text('{"prompt": "ok"}\n[1, 2]\n')
+    began = time.perf_counter()
+    result = run_cli(["+domain=code", "domain.source=jsonl", f"domain.path={path}", f"run_dir={tmp_path / 'run'}"])
+    assert result.returncode == 2
+    assert f"{path}:2: expected a JSON object" in result.stderr
+    assert not (tmp_path / "run" / "draft").exists()
+    assert time.perf_counter() - began < 60
+
+
+def test_user_jsonl_without_splits_is_split_by_a_stable_hash(tmp_path, compose_train):
+    path = tmp_path / "mine.jsonl"
+    path.write_text("".join(json.dumps({"question": f"question {i}", "key": f"q{i}"}) + "\n" for i in range(200)))
+    cfg = compose_train(["+domain=chat", "domain.source=jsonl", f"domain.path={path}",
+                         "domain.fields.prompt=question", "domain.fields.id=key"])
+    train, heldout = load_domain_prompts(cfg.domain)
+    assert len(train) + len(heldout) == 200 and 20 <= len(heldout) <= 60
+    assert load_domain_prompts(cfg.domain) == (train, heldout)
+
+
+# ---- training on the tiny pair -------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    return load_pair(ModelSpec(path="tiny-random"), ModelSpec(derive_layers=1))
+
+
+@pytest.fixture(scope="module")
+def tiny_examples(tiny_pair):
+    prompts = tiny_pair.encode_chat(["hi", "write code", "add 2 and 3", "translate: chat", "a b c", "why?"])
+    answers = answer_prompts(tiny_pair.target_runner(), tiny_pair.eos_token_ids, prompts,
+                             SamplingParams(temperature=1.0), 24, 3, seed=0, show_progress=False)
+    return examples_from_records(answers, 512)
+
+
+def settings(**overrides):
+    base = dict(loss="forward_kl", loss_kwargs={}, loss_temperature=1.0, lr=3e-3, weight_decay=0.0, warmup_steps=0,
+                epochs=1, max_steps=3, micro_batch_size=2, gradient_accumulation=2, max_grad_norm=1.0,
+                checkpoint_every=100, keep_checkpoints=2, eval_every=100, seed=0)
+    return TrainSettings(**{**base, **overrides})
+
+
+def make_recipe(pair, examples, tmp_path, draft=None, **overrides):
+    import copy
+
+    draft = draft if draft is not None else copy.deepcopy(pair.draft).float().train()
+    return DistillationRecipe(settings(**overrides), pair.target, draft, pair.vocab_size, 0, examples,
+                              examples[:2], tmp_path / "checkpoints", Accelerator(cpu=True),
+                              Tracker({"mode": "disabled"}, tmp_path, {}, "test"), SamplingParams(temperature=0.7))
+
+
+def fixed_batch_loss(recipe, examples):
+    from distill.data import collate
+    from distill.losses import masked_sum
+
+    batch = recipe._to_device(collate(examples, 0))
+    with torch.no_grad():
+        return (masked_sum(recipe.per_token_loss(batch), batch["loss_mask"]) / batch["loss_mask"].sum()).item()
+
+
+@pytest.mark.parametrize("method", ["distill", "lora"])
+@pytest.mark.parametrize("loss", ["forward_kl", "tv"])
+def test_three_steps_decrease_the_loss(tiny_pair, tiny_examples, tmp_path, method, loss):
+    import copy
+
+    draft = copy.deepcopy(tiny_pair.draft).float().train()
+    if method == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        draft = get_peft_model(draft, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj", "up_proj"]))
+    recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, draft=draft, loss=loss, lr=1e-2, max_steps=3)
+    before = fixed_batch_loss(recipe, tiny_examples)
+    recipe.train()
+    assert recipe.step == 3
+    assert fixed_batch_loss(recipe, tiny_examples) < before
+
+
+def test_gradient_accumulation_weighs_every_answer_token_the_same(tiny_pair, tiny_examples, tmp_path):
+    """One step over 4 sequences equals one step of 2 micro-batches of 2 (token-weighted, not batch-averaged)."""
+    import copy
+
+    results = []
+    for micro, accumulation in ((4, 1), (2, 2), (1, 4)):
+        draft = copy.deepcopy(tiny_pair.draft).float().train()
+        recipe = make_recipe(tiny_pair, tiny_examples[:4], tmp_path / f"{micro}", draft=draft, max_steps=1,
+                             micro_batch_size=micro, gradient_accumulation=accumulation, max_grad_norm=0.0)
+        recipe.train()
+        results.append({name: value.detach().clone() for name, value in draft.named_parameters()})
+    for other in results[1:]:
+        for name, value in results[0].items():
+            torch.testing.assert_close(other[name], value, rtol=1e-4, atol=1e-6)
+
+
+def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_pair, tiny_examples, tmp_path, monkeypatch):
+    recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, max_steps=6, checkpoint_every=1)
+    calls = {"n": 0}
+    real = recipe.loss_fn
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        values = real(*args, **kwargs)
+        return values * float("nan") if calls["n"] > 4 else values  # steps 1-2 fine, step 3 diverges
+
+    recipe.loss_fn = poisoned
+    with pytest.raises(TrainingDiverged, match="step 3") as error:
+        recipe.train()
+    assert "step-00000002" in str(error.value)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001", "step-00000002"]
+
+
+def test_generated_answers_are_cached_and_masks_cover_only_the_answer(tiny_pair):
+    from distill.data import Prompt
+
+    prompts = [Prompt(f"p{i}", text, "train") for i, text in enumerate(["hello", "two words", "3"])]
+    args = (tiny_pair, prompts, "unit", "tiny-random-v1", SamplingParams(temperature=1.0), 6, 2, 0, None)
+    first, directory, cached = generate_dataset(*args)
+    again, _, cached_again = generate_dataset(*args)
+    assert not cached and cached_again and directory.is_dir()
+    assert first["input_ids"] == again["input_ids"]
+    for record in first:
+        prompt_ids = tiny_pair.encode_chat([record["prompt"]])[0]
+        assert record["input_ids"][: record["prompt_length"]] == prompt_ids
+        example = examples_from_records([record], 512)[0]
+        mask = example.loss_mask()
+        answer_positions = [i for i, m in enumerate(mask) if m]
+        assert answer_positions == list(range(record["prompt_length"] - 1, len(record["input_ids"]) - 1))
+
+
+def test_a_pruned_draft_trains_on_its_kept_tokens_and_decodes_with_q_zero_elsewhere(tiny_pair, tiny_examples,
+                                                                                     tmp_path):
+    import copy
+
+    from decode.native import NativeLlamaRunner
+    from distill.vocab import most_frequent_tokens
+
+    kept = most_frequent_tokens((e.input_ids for e in tiny_examples), 40, tiny_pair.eos_token_ids,
+                                tiny_pair.vocab_size)
+    assert len(kept) == 40 and set(tiny_pair.eos_token_ids) <= set(kept)
+    draft = copy.deepcopy(tiny_pair.draft).float().train()
+    draft.config.draft_vocab = kept
+    recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, draft=draft, max_steps=2)
+    recipe.kept_ids = torch.tensor(kept)
+    before = fixed_batch_loss(recipe, tiny_examples)
+    recipe.train()
+    assert fixed_batch_loss(recipe, tiny_examples) < before
+    runner = NativeLlamaRunner(draft.eval(), tiny_pair.vocab_size)
+    runner.reset(1, 16)
+    logits = runner.forward(torch.tensor([tiny_examples[0].input_ids[:5]]), torch.tensor([0]), 5)
+    finite = torch.isfinite(logits[0, -1]).nonzero().flatten().tolist()
+    assert finite == kept
+    with pytest.raises(ValueError, match="whole vocabulary"):
+        most_frequent_tokens([[1, 2]], tiny_pair.vocab_size, [], tiny_pair.vocab_size)

@@ -1,0 +1,96 @@
+"""Whole `python -m train` runs on the tiny pair, as a user starts them (subprocesses)."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from safetensors.torch import load_file
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow
+
+
+def train_command(*overrides):
+    return [sys.executable, "-m", "train", "+domain=code", "+debug=tiny", *overrides]
+
+
+def environment(cache):
+    return {**os.environ, "WANDB_MODE": "disabled", "SPECDRAFT_CACHE": str(cache)}
+
+
+def run(command, cache, timeout=600):
+    result = subprocess.run(command, cwd=ROOT, env=environment(cache), capture_output=True, text=True,
+                            timeout=timeout)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result
+
+
+@pytest.fixture(scope="module")
+def cache(tmp_path_factory):
+    return tmp_path_factory.mktemp("cache")
+
+
+def test_a_full_lora_run_reports_alpha_before_and_after_and_prints_its_directory(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    result = run(train_command("method=lora", f"run_dir={run_dir}"), cache)
+    assert result.stdout.strip().splitlines()[-1] == str(run_dir.resolve())
+    summary = json.loads((run_dir / "summary.json").read_text())
+    for key in ("domain", "method", "alpha_before", "alpha_after", "draft_path", "stage_seconds"):
+        assert key in summary
+    assert summary["domain"] == "code" and summary["method"] == "lora"
+    assert set(summary["stage_seconds"]) == {"generate", "train", "eval"}
+    assert 0.0 <= summary["alpha_after"] <= 1.0
+    draft = load_file(str(run_dir / "draft" / "model.safetensors"))
+    assert not any("lora" in name for name in draft)  # the adapter was merged
+    assert "held-out acceptance alpha" in result.stdout
+
+    # a stage alone, from the same config: eval reads the trained draft
+    again = run(train_command("method=lora", f"run_dir={run_dir}", "stages=[eval]"), cache)
+    assert json.loads((run_dir / "summary.json").read_text())["alpha_after"] == pytest.approx(summary["alpha_after"])
+    assert again.stdout.strip().splitlines()[-1] == str(run_dir.resolve())
+
+
+def test_a_run_killed_with_sigkill_resumes_to_the_same_draft(tmp_path, cache):
+    steps = ["method.max_steps=8", "method.checkpoint_every=2", "method.eval_every=100", "stages=[generate,train]"]
+    straight = tmp_path / "straight"
+    run(train_command(*steps, f"run_dir={straight}"), cache)
+
+    killed = tmp_path / "killed"
+    command = train_command(*steps, f"run_dir={killed}")
+    process = subprocess.Popen(command, cwd=ROOT, env=environment(cache), stdout=subprocess.DEVNULL,
+                               stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 300
+    while not list((killed / "checkpoints").glob("step-*")) and process.poll() is None:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    process.send_signal(signal.SIGKILL)
+    process.wait()
+    assert not (killed / "draft").exists(), "the run finished before it could be killed"
+    result = run(command, cache)
+    assert "resumed from" in result.stderr + result.stdout
+
+    expected = load_file(str(straight / "draft" / "model.safetensors"))
+    resumed = load_file(str(killed / "draft" / "model.safetensors"))
+    assert expected.keys() == resumed.keys()
+    for name in expected:
+        torch.testing.assert_close(resumed[name], expected[name], rtol=1e-5, atol=1e-6)
+
+
+def test_generation_shards_across_two_accelerate_processes(tmp_path, cache):
+    shared_cache = tmp_path / "cache"  # fresh, so the two processes really generate
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+               "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
+               "-m", "train", "+domain=code", "+debug=tiny", "stages=[generate]", f"run_dir={tmp_path / 'run'}"]
+    run(command, shared_cache)
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    train_data = datasets.load_from_disk(summary["train_data"])
+    assert summary["train_answers"] == 8 == len(set(train_data["id"]))
+    assert all(length > prompt for length, prompt in
+               zip(map(len, train_data["input_ids"]), train_data["prompt_length"]))

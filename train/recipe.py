@@ -1,0 +1,240 @@
+"""The training loop: a draft learns the target's next-token distributions on the target's answers.
+
+Read top to bottom: teacher forward (no grad), draft forward, per-token loss,
+masked sum divided by the answer tokens of the whole optimizer step (so gradient
+accumulation and several processes weigh every token the same), backward,
+clip, step. Checkpoints are written atomically and a rerun of the same command
+resumes from the last one; a non-finite loss stops before the update is applied.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import shutil
+from contextlib import nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm.auto import tqdm
+from transformers import get_cosine_schedule_with_warmup
+
+from decode.sampling import SamplingParams, probs_from_logits
+from distill.data import Example, collate
+from distill.losses import LOSSES, masked_sum
+
+log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the message names the last good checkpoint."""
+
+
+@dataclass
+class TrainSettings:
+    loss: str
+    loss_kwargs: dict
+    loss_temperature: float
+    lr: float
+    weight_decay: float
+    warmup_steps: int
+    epochs: int
+    max_steps: int | None
+    micro_batch_size: int
+    gradient_accumulation: int
+    max_grad_norm: float
+    checkpoint_every: int
+    keep_checkpoints: int
+    eval_every: int
+    seed: int
+
+
+def base_causal_lm(model):
+    """The transformers causal LM inside a peft wrapper (or the model itself)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def draft_logits(draft, input_ids, attention_mask, kept_ids: torch.Tensor | None) -> torch.Tensor:
+    """[B, T, V] logits, or [B, T, K] over the kept tokens of a pruned draft (only those head rows)."""
+    if kept_ids is None:
+        return draft(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    causal_lm = base_causal_lm(draft)
+    hidden = causal_lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
+                                     use_cache=False).last_hidden_state
+    return F.linear(hidden, causal_lm.get_output_embeddings().weight[kept_ids])
+
+
+class DistillationRecipe:
+    def __init__(self, settings: TrainSettings, target, draft, vocab_size: int, pad_token_id: int,
+                 train_examples: list[Example], heldout_examples: list[Example], checkpoint_dir: Path,
+                 accelerator, tracker, eval_sampling: SamplingParams, kept_ids: list[int] | None = None):
+        if settings.loss not in LOSSES:
+            raise ValueError(f"unknown loss {settings.loss!r}; choose one of {sorted(LOSSES)}")
+        if not train_examples:
+            raise ValueError("no training examples: every prompt was longer than max_length, or none was given")
+        self.settings = settings
+        self.accelerator = accelerator
+        self.tracker = tracker
+        self.vocab_size = vocab_size
+        self.pad_token_id = pad_token_id
+        self.train_examples = train_examples
+        self.heldout_examples = heldout_examples
+        self.checkpoint_dir = checkpoint_dir
+        self.eval_sampling = eval_sampling
+        self.loss_fn = LOSSES[settings.loss]
+        device = accelerator.device
+        self.kept_ids = torch.tensor(kept_ids, device=device) if kept_ids else None
+        self.target = target.to(device).eval().requires_grad_(False)
+        trainable = [p for p in draft.parameters() if p.requires_grad]
+        optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=settings.weight_decay)
+        self.examples_per_step = settings.micro_batch_size * settings.gradient_accumulation * \
+            accelerator.num_processes
+        steps_per_epoch = math.ceil(len(train_examples) / self.examples_per_step)
+        self.total_steps = settings.max_steps or settings.epochs * steps_per_epoch
+        self.steps_per_epoch = steps_per_epoch
+        self.draft, self.optimizer = accelerator.prepare(draft, optimizer)
+        # not prepared: accelerate would step it once per process; registered so checkpoints hold it
+        self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, min(settings.warmup_steps, self.total_steps),
+                                                         self.total_steps)
+        accelerator.register_for_checkpointing(self.scheduler)
+        self.step = 0
+
+    # ---- the loop -------------------------------------------------------------------------------
+    def train(self) -> dict:
+        self._resume()
+        history = {}
+        bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
+                   disable=not self.accelerator.is_main_process)
+        if self.step == 0 and self.heldout_examples:
+            history["heldout_acceptance_start"] = self.heldout_acceptance()
+            self.tracker.log({"heldout/expected_acceptance": history["heldout_acceptance_start"]}, step=0)
+        while self.step < self.total_steps:
+            loss = self._optimizer_step(self._micro_batches(self.step))
+            self.step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.4f}")
+            self.tracker.log({"train/loss": loss, "train/lr": self.scheduler.get_last_lr()[0]}, step=self.step)
+            if self.heldout_examples and (self.step % self.settings.eval_every == 0 or self.step == self.total_steps):
+                acceptance = self.heldout_acceptance()
+                history["heldout_acceptance_end"] = acceptance
+                self.tracker.log({"heldout/expected_acceptance": acceptance}, step=self.step)
+            if self.step % self.settings.checkpoint_every == 0 and self.step < self.total_steps:
+                self._save_checkpoint()
+        bar.close()
+        history.update(steps=self.total_steps, final_loss=loss if self.total_steps else float("nan"))
+        return history
+
+    def _optimizer_step(self, micro_batches: list[dict]) -> float:
+        accelerator = self.accelerator
+        answer_tokens = torch.tensor(sum(int(b["loss_mask"].sum()) for b in micro_batches), device=accelerator.device)
+        answer_tokens = accelerator.reduce(answer_tokens, reduction="sum").item()
+        # DDP averages gradients over processes: scale by their number so that the update is the
+        # gradient of (sum of token losses over the whole step) / (answer tokens in the whole step)
+        scale = accelerator.num_processes / max(answer_tokens, 1)
+        step_loss = torch.zeros((), device=accelerator.device)
+        for index, batch in enumerate(micro_batches):
+            last = index == len(micro_batches) - 1
+            with nullcontext() if last else accelerator.no_sync(self.draft), accelerator.autocast():
+                loss = masked_sum(self.per_token_loss(batch), batch["loss_mask"]) * scale
+                accelerator.backward(loss)
+            step_loss += loss.detach()
+        step_loss = accelerator.reduce(step_loss, reduction="sum").item() / accelerator.num_processes
+        if not math.isfinite(step_loss):
+            raise TrainingDiverged(
+                f"the loss became {step_loss} at step {self.step + 1}; nothing of that step was applied. "
+                f"Last good checkpoint: {self._latest_checkpoint() or 'none yet'}. "
+                f"Lower method.lr (now {self.settings.lr}) or check the training data.")
+        if self.settings.max_grad_norm:
+            accelerator.clip_grad_norm_(self.draft.parameters(), self.settings.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return step_loss
+
+    def per_token_loss(self, batch: dict) -> torch.Tensor:
+        """[B, T] loss of each position (the mask is applied by the caller)."""
+        input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
+        with torch.no_grad():
+            target_logits = self.target(input_ids=input_ids, attention_mask=attention_mask,
+                                        use_cache=False).logits[..., : self.vocab_size]
+        if self.kept_ids is not None:  # a pruned draft learns the target restricted to its vocabulary
+            target_logits = target_logits[..., self.kept_ids]
+        logits = draft_logits(self.draft, input_ids, attention_mask, self.kept_ids)[..., : target_logits.shape[-1]]
+        return self.loss_fn(target_logits, logits, temperature=self.settings.loss_temperature,
+                            **self.settings.loss_kwargs)
+
+    # ---- data order: a function of the step, so a resumed run sees the same batches ----------------
+    def _micro_batches(self, step: int) -> list[dict]:
+        epoch, index_in_epoch = divmod(step, self.steps_per_epoch)
+        order = torch.randperm(len(self.train_examples),
+                               generator=torch.Generator().manual_seed(self.settings.seed * 1000 + epoch)).tolist()
+        begin = index_in_epoch * self.examples_per_step
+        chosen = [order[(begin + i) % len(order)] for i in range(self.examples_per_step)]
+        mine = chosen[self.accelerator.process_index:: self.accelerator.num_processes]
+        size = self.settings.micro_batch_size
+        return [self._to_device(collate([self.train_examples[i] for i in mine[at: at + size]], self.pad_token_id))
+                for at in range(0, len(mine), size)]
+
+    def _to_device(self, batch: dict) -> dict:
+        return {key: value.to(self.accelerator.device) for key, value in batch.items()}
+
+    # ---- held-out acceptance: sum min(p, q) under the decoder's own sampling settings ---------------
+    @torch.no_grad()
+    def heldout_acceptance(self) -> float:
+        self.draft.eval()
+        accepted, positions = 0.0, 0
+        size = self.settings.micro_batch_size
+        for at in range(0, len(self.heldout_examples), size):
+            batch = self._to_device(collate(self.heldout_examples[at: at + size], self.pad_token_id))
+            with self.accelerator.autocast():
+                target_logits = self.target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                            use_cache=False).logits[..., : self.vocab_size]
+                logits = draft_logits(self.draft, batch["input_ids"], batch["attention_mask"], self.kept_ids)
+            if self.kept_ids is not None:
+                full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
+                logits = full.index_copy_(-1, self.kept_ids, logits)
+            per_position = torch.minimum(probs_from_logits(target_logits, self.eval_sampling),
+                                         probs_from_logits(logits[..., : self.vocab_size], self.eval_sampling)).sum(-1)
+            accepted += masked_sum(per_position, batch["loss_mask"]).item()
+            positions += int(batch["loss_mask"].sum())
+        self.draft.train()
+        totals = self.accelerator.reduce(torch.tensor([accepted, positions], device=self.accelerator.device,
+                                                      dtype=torch.float64), reduction="sum")
+        return (totals[0] / totals[1]).item() if totals[1] else float("nan")
+
+    # ---- checkpoints ------------------------------------------------------------------------------
+    def _latest_checkpoint(self) -> Path | None:
+        done = sorted(self.checkpoint_dir.glob("step-*"))
+        return done[-1] if done else None
+
+    def _save_checkpoint(self) -> None:
+        accelerator = self.accelerator
+        final = self.checkpoint_dir / f"step-{self.step:08d}"
+        staging = self.checkpoint_dir / f".tmp-step-{self.step:08d}"
+        if accelerator.is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+        accelerator.wait_for_everyone()
+        accelerator.save_state(str(staging))
+        if accelerator.is_main_process:
+            (staging / "trainer_state.json").write_text(json.dumps({"step": self.step}))
+            os.replace(staging, final)  # a checkpoint exists whole or not at all
+            for old in sorted(self.checkpoint_dir.glob("step-*"))[: -self.settings.keep_checkpoints]:
+                shutil.rmtree(old, ignore_errors=True)
+        accelerator.wait_for_everyone()
+
+    def _resume(self) -> None:
+        self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
+        if self.accelerator.is_main_process:
+            for partial in self.checkpoint_dir.glob(".tmp-step-*"):  # left by a run killed while saving
+                shutil.rmtree(partial, ignore_errors=True)
+        self.accelerator.wait_for_everyone()
+        latest = self._latest_checkpoint()
+        if latest is None:
+            return
+        self.accelerator.load_state(str(latest))
+        self.step = json.loads((latest / "trainer_state.json").read_text())["step"]
+        log.info("resumed from %s (step %d of %d)", latest, self.step, self.total_steps)

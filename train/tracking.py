@@ -1,0 +1,143 @@
+"""Experiment tracking: the project's only contact with Weights & Biases.
+
+`Tracker` logs metrics, final figures and the draft model of one run. It is built from the Hydra
+`logger` group (conf/logger/): `wandb` writes an offline run under the run directory, to upload
+later with `wandb sync <run_dir>/wandb/offline-run-*`; `online` streams to W&B; `disabled` does
+nothing. A run never needs W&B: without the package, or off the main process, every call is a no-op.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pathlib
+import re
+from collections.abc import Mapping
+
+log = logging.getLogger(__name__)
+
+_SECRET_MARKERS = ("key", "token", "secret", "password", "auth")
+# Token counts and tokenizer names are hyperparameters, not credentials: max_new_tokens must stay visible.
+_NOT_SECRET_WORDS = re.compile(r"tokeni[sz][a-z]*|tokens(?![a-z])")
+_REDACTED = "***"
+_warned_missing_wandb = False
+
+
+def _is_secret_name(name) -> bool:
+    lowered = _NOT_SECRET_WORDS.sub("", str(name).lower())
+    return any(marker in lowered for marker in _SECRET_MARKERS)
+
+
+def scrub_secrets(config: Mapping) -> dict:
+    """A copy of `config` in which every value under a secret-looking key (api_key, hf_token,
+    password, auth, ...) at any depth, inside lists too, is replaced by "***"."""
+
+    def scrub(value):
+        if isinstance(value, Mapping):
+            return {key: _REDACTED if _is_secret_name(key) else scrub(item) for key, item in value.items()}
+        if isinstance(value, (list, tuple)):
+            return [scrub(item) for item in value]
+        return value
+
+    return scrub(config)
+
+
+def _import_wandb():
+    """The wandb module, or None (warning once per process) when it is not installed."""
+    global _warned_missing_wandb
+    try:
+        import wandb
+    except ImportError:
+        if not _warned_missing_wandb:
+            log.warning("wandb is not installed: experiment tracking is off for this run")
+            _warned_missing_wandb = True
+        return None
+    return wandb
+
+
+def _has_wandb_credentials() -> bool:
+    """Whether online W&B would find credentials (WANDB_API_KEY, an identity token file, ~/.netrc from
+    `wandb login`, the settings file), looked up the way wandb.init does it without prompting,
+    printing anything or calling the server. The key itself is never read out here."""
+    try:
+        from wandb.sdk import wandb_setup
+        from wandb.sdk.lib import wbauth
+    except ImportError:  # a wandb without this module: let wandb.init report missing credentials itself
+        return True
+    settings = wandb_setup.singleton().settings
+    host = wbauth.HostUrl(settings.base_url, app_url=settings.app_url)
+    found = wbauth.authenticate_session(host=host, source="specdraft", prompt=False, update_session=False)
+    return found is not None
+
+
+class Tracker:
+    """One run's metrics, summary and model artifact on W&B (or nowhere). Use as a context manager,
+    or call finish() at the end."""
+
+    def __init__(self, logger_cfg, run_dir: pathlib.Path, config: dict, run_name: str,
+                 is_main_process: bool = True):
+        self.mode = str(logger_cfg.get("mode", "offline"))
+        if self.mode not in ("offline", "online", "disabled"):
+            raise ValueError(f"logger.mode must be offline, online or disabled, not {self.mode!r}")
+        if os.environ.get("WANDB_MODE", "").lower() == "disabled" or not is_main_process:
+            self.mode = "disabled"
+        self.save_model = bool(logger_cfg.get("log_model", True))
+        self._wandb = None if self.mode == "disabled" else _import_wandb()
+        self._run = None
+        if self._wandb is None:
+            self.mode = "disabled"
+            return
+
+        if self.mode == "online" and not _has_wandb_credentials():
+            raise RuntimeError(
+                "logger=online needs a W&B login, and none was found: run `wandb login` or set "
+                "WANDB_API_KEY, or log offline with logger=wandb (upload later with `wandb sync`) "
+                "or turn tracking off with logger=disabled.")
+        run_dir = pathlib.Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)  # wandb warns about a missing git root otherwise
+        # silent is set for this process only; the user's wandb settings files are left alone.
+        quiet = self._wandb.Settings(silent=True)
+        self._wandb.setup(settings=quiet)  # init's settings do not quiet later messages (add_dir)
+        self._run = self._wandb.init(
+            mode=self.mode, dir=str(run_dir), project=logger_cfg.get("project"),
+            entity=logger_cfg.get("entity"), name=run_name, tags=list(logger_cfg.get("tags") or []),
+            config=scrub_secrets(config), settings=quiet)
+
+    @property
+    def active(self) -> bool:
+        """Whether calls reach W&B."""
+        return self._run is not None
+
+    def log(self, metrics: dict[str, float], step: int) -> None:
+        if self._run is not None:
+            self._run.log(dict(metrics), step=step)
+
+    def summary(self, values: dict) -> None:
+        """Final figures of the run, shown in the W&B runs table."""
+        if self._run is not None:
+            self._run.summary.update(dict(values))
+
+    def log_model(self, path: pathlib.Path, name: str, metadata: dict) -> None:
+        """The draft directory at `path` as a W&B model artifact `name` (skipped when logger.log_model is false)."""
+        if self._run is None or not self.save_model:
+            return
+        artifact = self._wandb.Artifact(name, type="model", metadata=scrub_secrets(metadata))
+        artifact.add_dir(str(path))
+        self._run.log_artifact(artifact)
+
+    def finish(self) -> None:
+        self._finish(exit_code=0)
+
+    def _finish(self, exit_code: int) -> None:
+        if self._run is None:
+            return
+        run, self._run = self._run, None
+        run.finish(exit_code=exit_code)
+        # The wandb-core service process otherwise lives until the interpreter exits.
+        self._wandb.teardown()
+
+    def __enter__(self) -> Tracker:
+        return self
+
+    def __exit__(self, exc_type, exc, traceback) -> None:
+        self._finish(exit_code=0 if exc_type is None else 1)  # a crashed run shows as failed in W&B
