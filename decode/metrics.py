@@ -24,6 +24,7 @@ class DecodeMetrics:
     rounds: int = 0  # row-rounds: one per unfinished row per speculative round (per step for AR)
     drafted: int = 0
     accepted: int = 0
+    rejected: int = 0  # row-rounds that ended in a rejection (the others accepted all gamma tokens)
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     ttft_s: float = 0.0  # summed over calls
@@ -40,8 +41,16 @@ class DecodeMetrics:
 
     @property
     def alpha(self) -> float:
-        """Fraction of drafted tokens the acceptance rule kept."""
+        """Fraction of drafted tokens the acceptance rule kept (vLLM's acceptance rate); it depends on gamma,
+        since the tokens after a rejection are drafted but never tested."""
         return self.accepted / self.drafted if self.drafted else float("nan")
+
+    @property
+    def token_acceptance(self) -> float:
+        """Fraction of acceptance tests passed: the per-token acceptance probability alpha of
+        E[tokens per round] = (1 - alpha^(gamma+1)) / (1 - alpha), an estimate of E[sum min(p, q)]."""
+        tested = self.accepted + self.rejected
+        return self.accepted / tested if tested else float("nan")
 
     @property
     def mean_accepted_length(self) -> float:
@@ -72,7 +81,7 @@ class DecodeMetrics:
 
     def to_dict(self) -> dict:
         out = asdict(self)
-        out.update(alpha=self.alpha, mean_accepted_length=self.mean_accepted_length,
+        out.update(alpha=self.alpha, token_acceptance=self.token_acceptance, mean_accepted_length=self.mean_accepted_length,
                    other_s=self.other_s, overhead_share=self.overhead_share, tokens_per_s=self.tokens_per_s,
                    acceptance_by_position=self.acceptance_by_position())
         return out

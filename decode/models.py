@@ -160,7 +160,8 @@ def _tiny_random_dir() -> Path:
     return directory
 
 
-def _source(spec: ModelSpec) -> tuple[str, dict]:
+def model_source(spec: ModelSpec) -> tuple[str, dict]:
+    """-> (the local directory or hub id transformers loads, its loading arguments); a GGUF file is converted once."""
     if spec.path == TINY_RANDOM:
         return str(_tiny_random_dir()), {}
     directory, gguf_file = locate(spec)
@@ -173,12 +174,12 @@ def _source(spec: ModelSpec) -> tuple[str, dict]:
 
 
 def load_tokenizer(spec: ModelSpec):
-    source, kwargs = _source(spec)
+    source, kwargs = model_source(spec)
     return AutoTokenizer.from_pretrained(source, **kwargs)
 
 
 def load_model(spec: ModelSpec) -> torch.nn.Module:
-    source, kwargs = _source(spec)
+    source, kwargs = model_source(spec)
     device = resolve_device(spec.device)
     model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(spec.dtype, device), **kwargs)
     return model.to(device).eval()

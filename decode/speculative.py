@@ -100,6 +100,9 @@ class Generation:
     tokens: list[list[int]]  # new tokens per prompt (EOS included when it ended the row)
     metrics: DecodeMetrics
     stopped_by_eos: list[bool] = field(default_factory=list)
+    # with record_top_k (AR only): per prompt, for each new token, the target's k most likely
+    # next tokens at temperature 1 before it was sampled: (ids [n][k], log-probabilities [n][k])
+    top_logprobs: list[tuple[list[list[int]], list[list[float]]]] | None = None
 
 
 class SpeculativeDecoder:
@@ -115,12 +118,19 @@ class SpeculativeDecoder:
         self.pad_token_id = pad_token_id
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
-                 sampling: SamplingParams, gamma: GammaPolicy | None = None, seed: int = 0) -> Generation:
-        """gamma=None (or no draft) decodes autoregressively with the target alone."""
+                 sampling: SamplingParams, gamma: GammaPolicy | None = None, seed: int = 0,
+                 record_top_k: int = 0) -> Generation:
+        """gamma=None (or no draft) decodes autoregressively with the target alone.
+
+        record_top_k > 0 (AR only) also returns the target's top-k log-probabilities at every
+        new token: the distillation targets, recorded for free while the target answers.
+        """
         speculative = gamma is not None
         if speculative and self.draft is None:
             raise ValueError("speculative decoding needs a draft model")
-        state = _Batch(self, prompts, max_new_tokens, gamma.largest if speculative else 0, seed)
+        if speculative and record_top_k:
+            raise ValueError("record_top_k is for autoregressive decoding (gamma=None)")
+        state = _Batch(self, prompts, max_new_tokens, gamma.largest if speculative else 0, seed, record_top_k)
         timer = PhaseTimer(self.device)
         began = timer.start()
         self.target.reset(state.batch, state.capacity)
@@ -148,7 +158,8 @@ class SpeculativeDecoder:
 class _Batch:
     """The rows of one generate call: token buffer, lengths, and the counts they produce."""
 
-    def __init__(self, decoder: SpeculativeDecoder, prompts, max_new_tokens, largest_gamma: int, seed: int):
+    def __init__(self, decoder: SpeculativeDecoder, prompts, max_new_tokens, largest_gamma: int, seed: int,
+                 record_top_k: int = 0):
         if not prompts:
             raise ValueError("no prompts given")
         if any(len(prompt) == 0 for prompt in prompts):
@@ -181,6 +192,14 @@ class _Batch:
                                      drafted_per_position=[0] * largest_gamma,
                                      accepted_per_position=[0] * largest_gamma)
         self.accepted_per_position = torch.zeros(max(largest_gamma, 1), dtype=torch.long, device=device)
+        self.record_top_k = record_top_k
+        self.recorded: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: ids, log-probs [B, k]
+
+    def _record(self, logits: torch.Tensor) -> None:
+        if self.record_top_k:
+            log_probs = torch.log_softmax(logits.float(), dim=-1)
+            top = torch.topk(log_probs, min(self.record_top_k, log_probs.shape[-1]), dim=-1)
+            self.recorded.append((top.indices, top.values))
 
     @property
     def any_active(self) -> bool:
@@ -194,6 +213,7 @@ class _Batch:
         start = torch.zeros(self.batch, dtype=torch.long, device=self.tokens.device)
         last_prompt_position = (self.lengths - 1)[:, None]
         logits = self.decoder.target.forward(prompt_block, start, self.longest_prompt, logits_at=last_prompt_position)
+        self._record(logits[:, 0])
         first = sample(probs_from_logits(logits[:, 0], sampling), self.generator)
         self._emit(first[:, None], torch.ones_like(first))
 
@@ -208,6 +228,7 @@ class _Batch:
         start = self.lengths - 1
         logits = self.decoder.target.forward(self.tokens.gather(1, start[:, None]), start, self._kv_len(1))
         timer.add("verify", started)
+        self._record(logits[:, 0])
         next_tokens = sample(probs_from_logits(logits[:, 0], sampling), self.generator)
         self.metrics.rounds += sum(self.active_host)
         self._emit(next_tokens[:, None], torch.ones_like(next_tokens))
@@ -236,6 +257,7 @@ class _Batch:
         self.metrics.rounds += len(accepted_active)
         self.metrics.drafted += gamma * len(accepted_active)
         self.metrics.accepted += sum(accepted_active)
+        self.metrics.rejected += sum(n < gamma for n in accepted_active)
         for position in range(gamma):
             self.metrics.drafted_per_position[position] += len(accepted_active)
         return accepted_active
@@ -293,4 +315,10 @@ class _Batch:
         metrics.total_s = timer.seconds("total")
         rows = self.tokens.tolist()
         tokens = [rows[b][self.prompt_lengths[b]: self.lengths_host[b]] for b in range(self.batch)]
-        return Generation(tokens=tokens, metrics=metrics, stopped_by_eos=self.stopped_by_eos.tolist())
+        top_logprobs = None
+        if self.record_top_k:  # row b emitted one token per step while active: its first n steps are its own
+            ids = torch.stack([step_ids for step_ids, _ in self.recorded], dim=1).tolist()
+            values = torch.stack([step_values for _, step_values in self.recorded], dim=1).tolist()
+            top_logprobs = [(ids[b][: len(tokens[b])], values[b][: len(tokens[b])]) for b in range(self.batch)]
+        return Generation(tokens=tokens, metrics=metrics, stopped_by_eos=self.stopped_by_eos.tolist(),
+                          top_logprobs=top_logprobs)

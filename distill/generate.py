@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import datasets
+import torch
 from tqdm.auto import tqdm
 
 from decode.models import cache_root
@@ -28,16 +29,16 @@ from distill.data import Prompt
 
 log = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 
 
 def cache_key(target_fingerprint: str, domain: str, prompts: list[Prompt], sampling: SamplingParams,
-              max_new_tokens: int, seed: int, system_prompt: str | None) -> str:
+              max_new_tokens: int, seed: int, system_prompt: str | None, top_k_logprobs: int) -> str:
     described = json.dumps({
         "version": FORMAT_VERSION, "target": target_fingerprint, "domain": domain,
         "prompts": hashlib.sha256("\x00".join(p.id + "\x01" + p.text for p in prompts).encode()).hexdigest(),
         "sampling": [sampling.temperature, sampling.top_k, sampling.top_p], "max_new_tokens": max_new_tokens,
-        "seed": seed, "system_prompt": system_prompt}, sort_keys=True)
+        "seed": seed, "system_prompt": system_prompt, "top_k_logprobs": top_k_logprobs}, sort_keys=True)
     return hashlib.sha256(described.encode()).hexdigest()[:16]
 
 
@@ -52,11 +53,13 @@ def load_cached_dataset(domain: str, key: str) -> datasets.Dataset | None:
 
 def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids: list[list[int]],
                    sampling: SamplingParams, max_new_tokens: int, batch_size: int, seed: int,
-                   description: str = "generate", show_progress: bool = True) -> list[dict]:
+                   description: str = "generate", show_progress: bool = True, top_k_logprobs: int = 0) -> list[dict]:
     """Sample an answer per prompt with the runner's model alone (plain sampling: exactly its distribution).
 
-    Prompts are batched by length so little compute goes to padding.
-    Returns, in the order of prompt_ids, {"input_ids", "prompt_length", "stopped_by_eos"}.
+    Prompts are batched by length so little compute goes to padding. Returns, in the order
+    of prompt_ids, {"input_ids", "prompt_length", "stopped_by_eos"} and, with top_k_logprobs,
+    "target_top_ids" / "target_top_logprobs": the model's k most likely tokens at each answer
+    position (temperature 1), recorded while it answers: the distillation targets.
     """
     decoder = SpeculativeDecoder(runner, None, eos_token_ids)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
@@ -65,19 +68,37 @@ def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids:
         for batch_index, begin in enumerate(range(0, len(order), batch_size)):
             rows = order[begin: begin + batch_size]
             result = decoder.generate([prompt_ids[i] for i in rows], max_new_tokens, sampling,
-                                      seed=seed + batch_index)
-            for row, tokens, stopped in zip(rows, result.tokens, result.stopped_by_eos):
-                answers[row] = {"input_ids": list(prompt_ids[row]) + tokens,
-                                "prompt_length": len(prompt_ids[row]), "stopped_by_eos": stopped}
+                                      seed=seed + batch_index, record_top_k=top_k_logprobs)
+            for index, (row, tokens) in enumerate(zip(rows, result.tokens)):
+                answers[row] = {"input_ids": list(prompt_ids[row]) + tokens, "prompt_length": len(prompt_ids[row]),
+                                "stopped_by_eos": result.stopped_by_eos[index]}
+                if top_k_logprobs:
+                    answers[row]["target_top_ids"], answers[row]["target_top_logprobs"] = result.top_logprobs[index]
             bar.update(len(rows))
     return answers
 
 
+def score_answers(runner: CausalLMRunner, records: list[dict], top_k_logprobs: int) -> list[dict]:
+    """Add the runner model's top-k log-probabilities at the answer positions of sequences it did not write
+    (on-policy samples from the draft, scored by the target)."""
+    for record in records:
+        ids = torch.tensor([record["input_ids"]], device=runner.device)
+        answer_positions = torch.arange(record["prompt_length"] - 1, ids.shape[1] - 1, device=runner.device)
+        runner.reset(1, ids.shape[1])
+        logits = runner.forward(ids, torch.zeros(1, dtype=torch.long, device=runner.device), ids.shape[1],
+                                logits_at=answer_positions[None])
+        top = torch.topk(torch.log_softmax(logits[0].float(), dim=-1), top_k_logprobs, dim=-1)
+        record["target_top_ids"], record["target_top_logprobs"] = top.indices.tolist(), top.values.tolist()
+    runner.free()
+    return records
+
+
 def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprint: str, sampling: SamplingParams,
                      max_new_tokens: int, batch_size: int, seed: int, system_prompt: str | None,
-                     accelerator=None) -> tuple[datasets.Dataset, Path, bool]:
+                     top_k_logprobs: int, accelerator=None) -> tuple[datasets.Dataset, Path, bool]:
     """-> (dataset, its cache directory, whether it came from the cache)."""
-    key = cache_key(target_fingerprint, domain, prompts, sampling, max_new_tokens, seed, system_prompt)
+    key = cache_key(target_fingerprint, domain, prompts, sampling, max_new_tokens, seed, system_prompt,
+                    top_k_logprobs)
     directory = dataset_directory(domain, key)
     cached = load_cached_dataset(domain, key)
     if cached is not None:
@@ -88,7 +109,8 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
     mine = prompts[rank::world]
     answers = answer_prompts(pair.target_runner(), pair.eos_token_ids, pair.encode_chat([p.text for p in mine],
                              system_prompt), sampling, max_new_tokens, batch_size, seed + 7919 * rank,
-                             description=f"generate {domain}", show_progress=rank == 0)
+                             description=f"generate {domain}", show_progress=rank == 0,
+                             top_k_logprobs=top_k_logprobs)
     records = [{"id": p.id, "prompt": p.text, "source": "target", **answer} for p, answer in zip(mine, answers)]
     if accelerator and world > 1:
         from accelerate.utils import gather_object

@@ -1,15 +1,48 @@
 """Distillation losses between the target's and the draft's next-token distributions.
 
-Pure functions. Every argument is logits over the same vocabulary,
+Pure functions. Every argument is logits over the same categories,
 target_logits [..., V] (p) and draft_logits [..., V] (q); every function returns
 one value per position [...] in float32, to be masked and reduced once by the
 training loop. Both sides are divided by the same temperature first.
+
+Training stores only the target's top-k tokens per position (recorded while it
+answers), so the categories are usually those k tokens plus one "every other
+token" bucket: `coarse_grained` builds that view for both models, and every loss
+applies to it unchanged.
 """
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+
+
+def coarse_grained(target_top_logprobs: torch.Tensor, target_top_ids: torch.Tensor, draft_logits: torch.Tensor,
+                   cells: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Both distributions over k + 1 categories: the target's top-k tokens, and all other tokens together.
+
+    target_top_logprobs [..., k]: log p of the target's k most likely tokens (temperature 1);
+    target_top_ids [..., k]: their ids, indexing the last dimension of draft_logits [..., V];
+    cells [..., k] (bool, optional): which of the k stay separate categories; the others join
+    the bucket (tokens a pruned draft cannot emit). -> (target_log_probs, draft_log_probs) [..., k + 1].
+    Divergences between the coarse distributions are lower bounds of the full ones and equal
+    them as the bucket's mass goes to zero.
+    """
+    target_cells = target_top_logprobs.float()
+    draft_cells = F.log_softmax(draft_logits.float(), dim=-1).gather(-1, target_top_ids)
+    if cells is not None:
+        target_cells = target_cells.masked_fill(~cells, float("-inf"))
+        draft_cells = draft_cells.masked_fill(~cells, float("-inf"))
+    return (torch.cat([target_cells, _log_rest(target_cells)], dim=-1),
+            torch.cat([draft_cells, _log_rest(draft_cells)], dim=-1))
+
+
+def _log_rest(log_probs: torch.Tensor) -> torch.Tensor:
+    """log(1 - sum exp(log_probs)) [..., 1], kept above log(1e-6) so its gradient stays finite."""
+    total = torch.logsumexp(log_probs, dim=-1, keepdim=True).clamp(max=-1e-6)
+    return torch.where(total > -0.6931, torch.log(-torch.expm1(total)), torch.log1p(-torch.exp(total)))
 
 
 def _log_probs(target_logits: torch.Tensor, draft_logits: torch.Tensor, temperature: float):
@@ -52,7 +85,10 @@ def generalized_jsd(target_logits, draft_logits, beta: float = 0.5, temperature:
         return _kl(log_p, log_q)
     if beta == 1.0:
         return _kl(log_q, log_p)
-    log_m = torch.logaddexp(log_p + torch.log(torch.tensor(beta)), log_q + torch.log(torch.tensor(1 - beta)))
+    # where p = q = 0, logaddexp(-inf, -inf) has a NaN gradient: use a stand-in (the KL terms ignore it)
+    empty = torch.isneginf(log_p) & torch.isneginf(log_q)
+    log_m = torch.logaddexp(log_p.masked_fill(empty, 0.0) + math.log(beta),
+                            log_q.masked_fill(empty, 0.0) + math.log(1 - beta))
     return beta * _kl(log_p, log_m) + (1 - beta) * _kl(log_q, log_m)
 
 

@@ -22,7 +22,8 @@ def measure_acceptance(decoder: SpeculativeDecoder, prompt_ids: list[list[int]],
         speculative += decoder.generate(batch, max_new_tokens, sampling, policy, seed=seed + index).metrics
         if compare_ar:
             autoregressive += decoder.generate(batch, max_new_tokens, sampling, seed=seed + index).metrics
-    report = {"alpha": speculative.alpha, "mean_accepted_length": speculative.mean_accepted_length,
+    report = {"alpha": speculative.alpha, "token_acceptance": speculative.token_acceptance,
+              "mean_accepted_length": speculative.mean_accepted_length,
               "tokens_per_s": speculative.tokens_per_s,
               "acceptance_by_position": speculative.acceptance_by_position(),
               "counts": speculative.to_dict()}
@@ -30,3 +31,17 @@ def measure_acceptance(decoder: SpeculativeDecoder, prompt_ids: list[list[int]],
         report.update(ar_tokens_per_s=autoregressive.tokens_per_s,
                       speedup_vs_ar=speculative.tokens_per_s / autoregressive.tokens_per_s)
     return report
+
+
+def expected_tokens_per_round(alpha: float, gamma: int) -> float:
+    """(1 - alpha^(gamma+1)) / (1 - alpha): tokens a round yields when each draft token is kept with prob. alpha."""
+    return gamma + 1.0 if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
+
+
+def recommended_gamma(alpha: float) -> int:
+    """The seed's rule of thumb: 8 when alpha > 0.7, 3 below 0.5, 5 between."""
+    if alpha > 0.7:
+        return 8
+    if alpha < 0.5:
+        return 3
+    return 5

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from distill.losses import LOSSES, expected_acceptance, forward_kl, generalized_jsd, masked_sum, reverse_kl, \
-    total_variation
+from distill.losses import LOSSES, coarse_grained, expected_acceptance, forward_kl, generalized_jsd, masked_sum, \
+    reverse_kl, total_variation
 
 V = 11
 
@@ -91,3 +91,32 @@ def test_masked_sum_ignores_masked_positions_and_is_zero_when_all_are_masked():
     total.backward()
     assert per_token.grad.tolist() == [[1.0, 0.0], [1.0, 1.0]]
     assert masked_sum(per_token, torch.zeros_like(mask)).item() == 0.0
+
+
+def test_coarse_grained_keeps_the_top_k_and_lumps_the_rest():
+    target, draft = random_logits(11, (4, V)), random_logits(12, (4, V))
+    top = torch.topk(torch.log_softmax(target, -1), 3)
+    coarse_target, coarse_draft = coarse_grained(top.values, top.indices, draft)
+    p, q = torch.softmax(target, -1), torch.softmax(draft, -1)
+    expected_p = torch.cat([p.gather(-1, top.indices), 1 - p.gather(-1, top.indices).sum(-1, keepdim=True)], -1)
+    expected_q = torch.cat([q.gather(-1, top.indices), 1 - q.gather(-1, top.indices).sum(-1, keepdim=True)], -1)
+    torch.testing.assert_close(coarse_target.exp().double(), expected_p, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(coarse_draft.exp().double(), expected_q, rtol=1e-5, atol=1e-6)
+    # with every token kept, the coarse loss is the full loss; with fewer, a lower bound
+    full = torch.topk(torch.log_softmax(target, -1), V)
+    assert torch.allclose(forward_kl(*coarse_grained(full.values, full.indices, draft)), forward_kl(target, draft),
+                          atol=1e-4)
+    assert (forward_kl(coarse_target, coarse_draft) <= forward_kl(target, draft) + 1e-6).all()
+
+
+def test_coarse_grained_cells_left_out_join_the_bucket_and_gradients_stay_finite():
+    target = random_logits(13, (2, V))
+    draft = random_logits(14, (2, V)).float().requires_grad_()
+    top = torch.topk(torch.log_softmax(target, -1), 4)
+    cells = torch.tensor([[True, False, True, True], [True, True, True, True]])
+    coarse_target, coarse_draft = coarse_grained(top.values, top.indices, draft, cells)
+    assert torch.isinf(coarse_target[0, 1]) and coarse_target.exp().sum(-1).allclose(torch.ones(2), atol=1e-5)
+    for name, loss in LOSSES.items():
+        draft.grad = None
+        loss(coarse_target, coarse_draft).sum().backward(retain_graph=True)
+        assert torch.isfinite(draft.grad).all(), name

@@ -113,3 +113,23 @@ def test_dynamic_gamma_grows_after_full_acceptance_and_shrinks_after_early_rejec
     assert GammaPolicy(gamma=5).next(5, [5]) == 5
     with pytest.raises(ValueError):
         GammaPolicy(gamma=9, dynamic=True, min_gamma=3, max_gamma=8)
+
+
+def test_nucleus_from_the_top_candidates_equals_the_full_sort():
+    from decode.sampling import NUCLEUS_CANDIDATES, _nucleus
+
+    logits = torch.randn(6, 20 * NUCLEUS_CANDIDATES, generator=torch.Generator().manual_seed(0)) * 4
+    params = SamplingParams(temperature=0.8, top_p=0.9)
+    fast = probs_from_logits(logits, params)
+    probs = torch.softmax(logits / 0.8, -1)
+    sorted_probs, sorted_ids = torch.sort(probs, -1, descending=True)
+    assert torch.equal(fast > 0, _nucleus(sorted_probs, sorted_ids, probs, 0.9) > 0)
+    torch.testing.assert_close(fast, _nucleus(sorted_probs, sorted_ids, probs, 0.9))
+    flat = probs_from_logits(torch.zeros(2, 4 * NUCLEUS_CANDIDATES), params)  # nucleus wider than the candidates
+    assert ((flat > 0).sum(-1) >= int(0.9 * 4 * NUCLEUS_CANDIDATES)).all()
+
+
+def test_sampling_never_draws_a_zero_probability_token():
+    probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).expand(50_000, 5)
+    drawn = sample(probs, torch.Generator().manual_seed(3))
+    assert set(drawn.tolist()) == {1, 3}

@@ -84,6 +84,8 @@ def test_metrics_are_counts_that_add_up(target64, draft64, tokenizer):
     assert total.drafted == first.drafted + second.drafted
     assert total.accepted == sum(total.accepted_per_position)
     assert total.drafted == sum(total.drafted_per_position)
+    full_rounds = total.rounds - total.rejected  # rounds that accepted every drafted token
+    assert total.accepted >= full_rounds * 3 and 0.0 <= total.alpha <= total.token_acceptance <= 1.0
     assert len(total.accepted_per_position) == 5
     assert 0.0 <= total.alpha <= 1.0
     # one token per row comes from the prefill; every round emits accepted + 1 (no EOS here, no budget cut)

@@ -127,24 +127,25 @@ def tiny_pair():
 def tiny_examples(tiny_pair):
     prompts = tiny_pair.encode_chat(["hi", "write code", "add 2 and 3", "translate: chat", "a b c", "why?"])
     answers = answer_prompts(tiny_pair.target_runner(), tiny_pair.eos_token_ids, prompts,
-                             SamplingParams(temperature=1.0), 24, 3, seed=0, show_progress=False)
+                             SamplingParams(temperature=1.0), 24, 3, seed=0, show_progress=False, top_k_logprobs=16)
     return examples_from_records(answers, 512)
 
 
 def settings(**overrides):
-    base = dict(loss="forward_kl", loss_kwargs={}, loss_temperature=1.0, lr=3e-3, weight_decay=0.0, warmup_steps=0,
+    base = dict(loss="forward_kl", loss_kwargs={}, lr=3e-3, weight_decay=0.0, warmup_steps=0,
                 epochs=1, max_steps=3, micro_batch_size=2, gradient_accumulation=2, max_grad_norm=1.0,
                 checkpoint_every=100, keep_checkpoints=2, eval_every=100, seed=0)
     return TrainSettings(**{**base, **overrides})
 
 
-def make_recipe(pair, examples, tmp_path, draft=None, **overrides):
+def make_recipe(pair, examples, tmp_path, draft=None, kept_ids=None, **overrides):
     import copy
 
     draft = draft if draft is not None else copy.deepcopy(pair.draft).float().train()
-    return DistillationRecipe(settings(**overrides), pair.target, draft, pair.vocab_size, 0, examples,
-                              examples[:2], tmp_path / "checkpoints", Accelerator(cpu=True),
-                              Tracker({"mode": "disabled"}, tmp_path, {}, "test"), SamplingParams(temperature=0.7))
+    return DistillationRecipe(settings(**overrides), draft, pair.vocab_size, 0, examples, examples[:2],
+                              tmp_path / "checkpoints", Accelerator(cpu=True),
+                              Tracker({"mode": "disabled"}, tmp_path, {}, "test"), SamplingParams(temperature=0.7),
+                              kept_ids)
 
 
 def fixed_batch_loss(recipe, examples):
@@ -210,7 +211,7 @@ def test_generated_answers_are_cached_and_masks_cover_only_the_answer(tiny_pair)
     from distill.data import Prompt
 
     prompts = [Prompt(f"p{i}", text, "train") for i, text in enumerate(["hello", "two words", "3"])]
-    args = (tiny_pair, prompts, "unit", "tiny-random-v1", SamplingParams(temperature=1.0), 6, 2, 0, None)
+    args = (tiny_pair, prompts, "unit", "tiny-random-v1", SamplingParams(temperature=1.0), 6, 2, 0, None, 8)
     first, directory, cached = generate_dataset(*args)
     again, _, cached_again = generate_dataset(*args)
     assert not cached and cached_again and directory.is_dir()
@@ -222,6 +223,19 @@ def test_generated_answers_are_cached_and_masks_cover_only_the_answer(tiny_pair)
         mask = example.loss_mask()
         answer_positions = [i for i, m in enumerate(mask) if m]
         assert answer_positions == list(range(record["prompt_length"] - 1, len(record["input_ids"]) - 1))
+        assert len(record["target_top_ids"]) == len(answer_positions) and len(record["target_top_ids"][0]) == 8
+
+
+def test_recorded_distributions_are_the_targets_own(tiny_pair):
+    """The top-k recorded while answering equal the target's logits on the finished sequence."""
+    prompt = tiny_pair.encode_chat(["check me"])[0]
+    record = answer_prompts(tiny_pair.target_runner(), [], [prompt], SamplingParams(temperature=0.7), 10, 1, seed=3,
+                            show_progress=False, top_k_logprobs=5)[0]
+    with torch.no_grad():
+        logits = tiny_pair.target(torch.tensor([record["input_ids"]])).logits[0, len(prompt) - 1: -1]
+    top = torch.topk(torch.log_softmax(logits.float(), -1), 5)
+    assert record["target_top_ids"] == top.indices.tolist()
+    torch.testing.assert_close(torch.tensor(record["target_top_logprobs"]), top.values, rtol=1e-4, atol=1e-5)
 
 
 def test_a_pruned_draft_trains_on_its_kept_tokens_and_decodes_with_q_zero_elsewhere(tiny_pair, tiny_examples,
@@ -236,8 +250,7 @@ def test_a_pruned_draft_trains_on_its_kept_tokens_and_decodes_with_q_zero_elsewh
     assert len(kept) == 40 and set(tiny_pair.eos_token_ids) <= set(kept)
     draft = copy.deepcopy(tiny_pair.draft).float().train()
     draft.config.draft_vocab = kept
-    recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, draft=draft, max_steps=2)
-    recipe.kept_ids = torch.tensor(kept)
+    recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, draft=draft, kept_ids=kept, max_steps=2)
     before = fixed_batch_loss(recipe, tiny_examples)
     recipe.train()
     assert fixed_batch_loss(recipe, tiny_examples) < before

@@ -1,10 +1,13 @@
 """The training loop: a draft learns the target's next-token distributions on the target's answers.
 
-Read top to bottom: teacher forward (no grad), draft forward, per-token loss,
-masked sum divided by the answer tokens of the whole optimizer step (so gradient
-accumulation and several processes weigh every token the same), backward,
-clip, step. Checkpoints are written atomically and a rerun of the same command
-resumes from the last one; a non-finite loss stops before the update is applied.
+The target's distributions (its top-k log-probabilities at every answer token)
+were recorded when it wrote the answers, so training needs no target forward.
+Read top to bottom: draft forward, per-token loss against the recorded
+distributions, masked sum divided by the answer tokens of the whole optimizer
+step (so gradient accumulation and several processes weigh every token the
+same), backward, clip, step. Checkpoints are written atomically and a rerun of
+the same command resumes from the last one; a non-finite loss stops before the
+update is applied.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from transformers import get_cosine_schedule_with_warmup
 
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.data import Example, collate
-from distill.losses import LOSSES, masked_sum
+from distill.losses import LOSSES, coarse_grained, masked_sum
 
 log = logging.getLogger(__name__)
 
@@ -38,7 +41,6 @@ class TrainingDiverged(RuntimeError):
 class TrainSettings:
     loss: str
     loss_kwargs: dict
-    loss_temperature: float
     lr: float
     weight_decay: float
     warmup_steps: int
@@ -69,7 +71,7 @@ def draft_logits(draft, input_ids, attention_mask, kept_ids: torch.Tensor | None
 
 
 class DistillationRecipe:
-    def __init__(self, settings: TrainSettings, target, draft, vocab_size: int, pad_token_id: int,
+    def __init__(self, settings: TrainSettings, draft, vocab_size: int, pad_token_id: int,
                  train_examples: list[Example], heldout_examples: list[Example], checkpoint_dir: Path,
                  accelerator, tracker, eval_sampling: SamplingParams, kept_ids: list[int] | None = None):
         if settings.loss not in LOSSES:
@@ -87,8 +89,11 @@ class DistillationRecipe:
         self.eval_sampling = eval_sampling
         self.loss_fn = LOSSES[settings.loss]
         device = accelerator.device
-        self.kept_ids = torch.tensor(kept_ids, device=device) if kept_ids else None
-        self.target = target.to(device).eval().requires_grad_(False)
+        self.kept_ids = self.kept_index = None
+        if kept_ids:  # a pruned draft: its logits index the kept tokens; kept_index maps vocabulary ids there
+            self.kept_ids = torch.tensor(kept_ids, device=device)
+            self.kept_index = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+            self.kept_index[self.kept_ids] = torch.arange(len(kept_ids), device=device)
         trainable = [p for p in draft.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=settings.weight_decay)
         self.examples_per_step = settings.micro_batch_size * settings.gradient_accumulation * \
@@ -156,16 +161,15 @@ class DistillationRecipe:
         return step_loss
 
     def per_token_loss(self, batch: dict) -> torch.Tensor:
-        """[B, T] loss of each position (the mask is applied by the caller)."""
-        input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
-        with torch.no_grad():
-            target_logits = self.target(input_ids=input_ids, attention_mask=attention_mask,
-                                        use_cache=False).logits[..., : self.vocab_size]
-        if self.kept_ids is not None:  # a pruned draft learns the target restricted to its vocabulary
-            target_logits = target_logits[..., self.kept_ids]
-        logits = draft_logits(self.draft, input_ids, attention_mask, self.kept_ids)[..., : target_logits.shape[-1]]
-        return self.loss_fn(target_logits, logits, temperature=self.settings.loss_temperature,
-                            **self.settings.loss_kwargs)
+        """[B, T] loss of each position against the recorded target distribution (masked by the caller)."""
+        logits = draft_logits(self.draft, batch["input_ids"], batch["attention_mask"], self.kept_ids)
+        target_ids, cells = batch["target_ids"], None
+        if self.kept_index is not None:  # target tokens outside the draft's vocabulary join the bucket
+            target_ids = self.kept_index[target_ids]
+            cells = target_ids >= 0
+            target_ids = target_ids.clamp(min=0)
+        target_log_probs, draft_log_probs = coarse_grained(batch["target_logprobs"], target_ids, logits, cells)
+        return self.loss_fn(target_log_probs, draft_log_probs, **self.settings.loss_kwargs)
 
     # ---- data order: a function of the step, so a resumed run sees the same batches ----------------
     def _micro_batches(self, step: int) -> list[dict]:
@@ -185,20 +189,21 @@ class DistillationRecipe:
     # ---- held-out acceptance: sum min(p, q) under the decoder's own sampling settings ---------------
     @torch.no_grad()
     def heldout_acceptance(self) -> float:
+        """Mean over held-out answer tokens of sum_x min(p(x), q(x)) under the decoder's sampling settings:
+        the chance the decoder accepts the draft's token there (p over the target's recorded top-k)."""
         self.draft.eval()
         accepted, positions = 0.0, 0
         size = self.settings.micro_batch_size
         for at in range(0, len(self.heldout_examples), size):
             batch = self._to_device(collate(self.heldout_examples[at: at + size], self.pad_token_id))
             with self.accelerator.autocast():
-                target_logits = self.target(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                                            use_cache=False).logits[..., : self.vocab_size]
                 logits = draft_logits(self.draft, batch["input_ids"], batch["attention_mask"], self.kept_ids)
             if self.kept_ids is not None:
                 full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
                 logits = full.index_copy_(-1, self.kept_ids, logits)
-            per_position = torch.minimum(probs_from_logits(target_logits, self.eval_sampling),
-                                         probs_from_logits(logits[..., : self.vocab_size], self.eval_sampling)).sum(-1)
+            target_probs = probs_from_logits(batch["target_logprobs"], self.eval_sampling)
+            draft_probs = probs_from_logits(logits[..., : self.vocab_size], self.eval_sampling)
+            per_position = torch.minimum(target_probs, draft_probs.gather(-1, batch["target_ids"])).sum(-1)
             accepted += masked_sum(per_position, batch["loss_mask"]).item()
             positions += int(batch["loss_mask"].sum())
         self.draft.train()
