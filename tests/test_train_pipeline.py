@@ -39,10 +39,10 @@ def compose_train():
     GlobalHydra.instance().clear()
 
 
-def run_cli(args, env_extra=None, timeout=600):
-    env = {**os.environ, "WANDB_MODE": "disabled", **(env_extra or {})}
-    return subprocess.run([sys.executable, "-m", "train", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=timeout)
+def run_cli(args, tmp_path, timeout=600):
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    return subprocess.run([sys.executable, "-m", "train", *args, f"hydra.run.dir={tmp_path / 'hydra'}"], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("method", ["distill", "lora"])
@@ -62,10 +62,10 @@ def test_debug_tiny_switches_to_the_tiny_pair(compose_train):
     assert cfg.pair.target.path == "tiny-random" and cfg.logger.mode == "disabled"
 
 
-def test_running_without_a_domain_names_the_domains(compose_train):
+def test_running_without_a_domain_names_the_domains(compose_train, tmp_path):
     with pytest.raises(ConfigError, match="code"):
         validate(compose_train([]))
-    result = run_cli([])
+    result = run_cli([], tmp_path)
     assert result.returncode == 2
     assert "+domain=<name>" in result.stderr
 
@@ -99,7 +99,8 @@ def test_a_malformed_prompt_file_stops_the_cli_before_any_model_is_loaded(tmp_pa
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "ok"}\n[1, 2]\n')
     began = time.perf_counter()
-    result = run_cli(["+domain=code", "domain.source=jsonl", f"domain.path={path}", f"run_dir={tmp_path / 'run'}"])
+    result = run_cli(["+domain=code", "domain.source=jsonl", f"domain.path={path}", f"run_dir={tmp_path / 'run'}"],
+                     tmp_path)
     assert result.returncode == 2
     assert f"{path}:2: expected a JSON object" in result.stderr
     assert not (tmp_path / "run" / "draft").exists()

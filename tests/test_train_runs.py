@@ -18,7 +18,8 @@ pytestmark = pytest.mark.slow
 
 
 def train_command(*overrides):
-    return [sys.executable, "-m", "train", "+domain=code", "+debug=tiny", *overrides]
+    run_dir = next(o.split("=", 1)[1] for o in overrides if o.startswith("run_dir="))
+    return [sys.executable, "-m", "train", "+domain=code", "+debug=tiny", *overrides, f"hydra.run.dir={run_dir}/hydra"]
 
 
 def environment(cache):
@@ -45,11 +46,29 @@ def test_a_full_lora_run_reports_alpha_before_and_after_and_prints_its_directory
     for key in ("domain", "method", "alpha_before", "alpha_after", "draft_path", "stage_seconds"):
         assert key in summary
     assert summary["domain"] == "code" and summary["method"] == "lora"
-    assert set(summary["stage_seconds"]) == {"generate", "train", "eval"}
+    assert set(summary["stage_seconds"]) == {"generate", "train", "eval", "export"}
     assert 0.0 <= summary["alpha_after"] <= 1.0
     draft = load_file(str(run_dir / "draft" / "model.safetensors"))
     assert not any("lora" in name for name in draft)  # the adapter was merged
     assert "held-out acceptance alpha" in result.stdout
+
+    export = Path(summary["export_path"])
+    assert export == run_dir.resolve() / "export"
+    record = json.loads((export / "export.json").read_text())
+    checks = record["round_trip"]
+    assert checks["same_greedy_output_hf"] and checks["same_greedy_output_gguf"]
+    assert abs(checks["alpha_hf"] - checks["alpha_trained"]) <= 0.01 >= abs(checks["alpha_gguf"] - checks["alpha_trained"])
+    vllm = json.loads((export / "serving" / "vllm.json").read_text())
+    assert Path(vllm["model"], "model.safetensors").is_file()
+    assert Path(record["flags"]["vllm"][2], "config.json").is_file()  # the target, as vLLM would load it
+    assert (export / "draft.gguf").is_file() and "## Provenance" in (export / "README.md").read_text()
+
+    # an existing export is not replaced without the flag; with it, it is re-exported from the trained draft
+    refused = subprocess.run(train_command("method=lora", f"run_dir={run_dir}", "stages=[export]"), cwd=ROOT,
+                             env=environment(cache), capture_output=True, text=True, timeout=600)
+    assert refused.returncode == 2 and "export.overwrite=true" in refused.stderr
+    run(train_command("method=lora", f"run_dir={run_dir}", "stages=[export]", "export.overwrite=true"), cache)
+    assert json.loads((export / "export.json").read_text())["round_trip"]["same_greedy_output_gguf"]
 
     # a stage alone, from the same config: eval reads the trained draft
     again = run(train_command("method=lora", f"run_dir={run_dir}", "stages=[eval]"), cache)
@@ -87,7 +106,8 @@ def test_generation_shards_across_two_accelerate_processes(tmp_path, cache):
     shared_cache = tmp_path / "cache"  # fresh, so the two processes really generate
     command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "-m", "train", "+domain=code", "+debug=tiny", "stages=[generate]", f"run_dir={tmp_path / 'run'}"]
+               "-m", "train", "+domain=code", "+debug=tiny", "stages=[generate]", f"run_dir={tmp_path / 'run'}",
+               f"hydra.run.dir={tmp_path / 'hydra'}"]
     run(command, shared_cache)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     train_data = datasets.load_from_disk(summary["train_data"])

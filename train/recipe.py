@@ -111,26 +111,27 @@ class DistillationRecipe:
     # ---- the loop -------------------------------------------------------------------------------
     def train(self) -> dict:
         self._resume()
-        history = {}
+        history, loss = {}, float("nan")
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                    disable=not self.accelerator.is_main_process)
         if self.step == 0 and self.heldout_examples:
             history["heldout_acceptance_start"] = self.heldout_acceptance()
             self.tracker.log({"heldout/expected_acceptance": history["heldout_acceptance_start"]}, step=0)
-        while self.step < self.total_steps:
-            loss = self._optimizer_step(self._micro_batches(self.step))
-            self.step += 1
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.4f}")
-            self.tracker.log({"train/loss": loss, "train/lr": self.scheduler.get_last_lr()[0]}, step=self.step)
-            if self.heldout_examples and (self.step % self.settings.eval_every == 0 or self.step == self.total_steps):
-                acceptance = self.heldout_acceptance()
-                history["heldout_acceptance_end"] = acceptance
-                self.tracker.log({"heldout/expected_acceptance": acceptance}, step=self.step)
-            if self.step % self.settings.checkpoint_every == 0 and self.step < self.total_steps:
-                self._save_checkpoint()
-        bar.close()
-        history.update(steps=self.total_steps, final_loss=loss if self.total_steps else float("nan"))
+        with bar:
+            while self.step < self.total_steps:
+                loss = self._optimizer_step(self._micro_batches(self.step))
+                self.step += 1
+                bar.update(1)
+                bar.set_postfix(loss=f"{loss:.4f}")
+                self.tracker.log({"train/loss": loss, "train/lr": self.scheduler.get_last_lr()[0]}, step=self.step)
+                if self.heldout_examples and (self.step % self.settings.eval_every == 0
+                                              or self.step == self.total_steps):
+                    acceptance = self.heldout_acceptance()
+                    history["heldout_acceptance_end"] = acceptance
+                    self.tracker.log({"heldout/expected_acceptance": acceptance}, step=self.step)
+                if self.step % self.settings.checkpoint_every == 0 and self.step < self.total_steps:
+                    self._save_checkpoint()
+        history.update(steps=self.total_steps, final_loss=loss)
         return history
 
     def _optimizer_step(self, micro_batches: list[dict]) -> float:
