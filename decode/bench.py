@@ -15,6 +15,7 @@ import logging
 import math
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 import hydra
@@ -108,6 +109,24 @@ def step_seconds(runner, context: int, repeats: int = 10) -> float:
     return (time.perf_counter() - began) / repeats
 
 
+def benchmark_modes(pair: ModelPair, decoder, sampling: SamplingParams, max_new_tokens: int, fixed: GammaPolicy,
+                    dynamic: GammaPolicy) -> dict:
+    """name -> a function of one prompt returning our Generation or transformers' new-token count."""
+    return {
+        "ours_ar": partial(_ours, decoder, sampling=sampling, max_new_tokens=max_new_tokens, policy=None),
+        "ours_spec": partial(_ours, decoder, sampling=sampling, max_new_tokens=max_new_tokens, policy=fixed),
+        "ours_spec_dynamic": partial(_ours, decoder, sampling=sampling, max_new_tokens=max_new_tokens,
+                                     policy=dynamic),
+        "hf_generate": partial(hf_generate, pair, sampling=sampling, max_new_tokens=max_new_tokens),
+        "hf_assisted": partial(hf_generate, pair, sampling=sampling, max_new_tokens=max_new_tokens,
+                               assistant=pair.draft),
+    }
+
+
+def _ours(decoder, prompt, sampling, max_new_tokens, policy):
+    return decoder.generate([prompt], max_new_tokens, sampling, policy)
+
+
 def run_benchmark(cfg: DictConfig, pair: ModelPair, prompt_ids: list[list[int]]) -> dict:
     device = next(pair.target.parameters()).device
     decoder = pair.decoder()
@@ -123,18 +142,8 @@ def run_benchmark(cfg: DictConfig, pair: ModelPair, prompt_ids: list[list[int]])
               "c": draft_step / target_step, "by_temperature": {}}
 
     for temperature in cfg.temperatures:
-        sampling = sampling_params(cfg.decode, temperature=temperature)
-
-        def ours(policy):
-            return lambda prompt: decoder.generate([prompt], cfg.max_new_tokens, sampling, policy)
-
-        modes = {
-            "ours_ar": ours(None),
-            "ours_spec": ours(fixed),
-            "ours_spec_dynamic": ours(dynamic),
-            "hf_generate": lambda prompt: hf_generate(pair, prompt, sampling, cfg.max_new_tokens),
-            "hf_assisted": lambda prompt: hf_generate(pair, prompt, sampling, cfg.max_new_tokens, pair.draft),
-        }
+        modes = benchmark_modes(pair, decoder, sampling_params(cfg.decode, temperature=temperature),
+                                cfg.max_new_tokens, fixed, dynamic)
         for run in modes.values():  # warm-up: first calls allocate and pick kernels
             run(prompt_ids[0][:16])
         rows = {name: {"tokens": 0, "seconds": 0.0, "peak_memory_mb": 0.0, "metrics": None} for name in modes}
@@ -158,7 +167,8 @@ def run_benchmark(cfg: DictConfig, pair: ModelPair, prompt_ids: list[list[int]])
             row["tok_s"] = row["tokens"] / row["seconds"]
             metrics = row.pop("metrics")
             if metrics is not None:
-                row.update(alpha=metrics.alpha, mean_accepted_length=metrics.mean_accepted_length,
+                row.update(alpha=metrics.alpha, token_acceptance=metrics.token_acceptance,
+                           mean_accepted_length=metrics.mean_accepted_length,
                            overhead_share=metrics.overhead_share, ttft_ms=1000 * metrics.ttft_s / metrics.calls,
                            draft_s=metrics.draft_s, verify_s=metrics.verify_s, other_s=metrics.other_s,
                            acceptance_by_position=metrics.acceptance_by_position())
@@ -170,9 +180,15 @@ def run_benchmark(cfg: DictConfig, pair: ModelPair, prompt_ids: list[list[int]])
                       spec_dynamic_tok_s=greedy["ours_spec_dynamic"]["tok_s"],
                       hf_generate_tok_s=greedy["hf_generate"]["tok_s"],
                       hf_assisted_tok_s=greedy["hf_assisted"]["tok_s"], alpha=greedy["ours_spec"]["alpha"],
+                      token_acceptance=greedy["ours_spec"]["token_acceptance"],
                       mean_accepted_length=greedy["ours_spec"]["mean_accepted_length"],
                       overhead_share=greedy["ours_spec"]["overhead_share"])
     return report
+
+
+def _cell(row: dict, key: str, spec: str) -> str:
+    value = row.get(key)
+    return format(value, spec) if isinstance(value, float) and not math.isnan(value) else "-"
 
 
 def format_table(report: dict) -> str:
@@ -186,9 +202,7 @@ def format_table(report: dict) -> str:
     lines.append(header)
     for temperature, rows in report["by_temperature"].items():
         for name, row in rows.items():
-            def fmt(key, spec):
-                value = row.get(key)
-                return format(value, spec) if isinstance(value, float) and not math.isnan(value) else "-"
+            fmt = partial(_cell, row)
             lines.append(f"{temperature:>4} {name:<18} {row['tok_s']:>8.2f} "
                          f"{row['tok_s'] / rows['hf_generate']['tok_s']:>8.2f}x "
                          f"{row['tok_s'] / rows['hf_assisted']['tok_s']:>9.2f}x "

@@ -54,10 +54,8 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """As transformers' LlamaRMSNorm: normalise in float32, scale in the input dtype."""
-    x32 = x.to(torch.float32)
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(x.dtype)
+    """As transformers' LlamaRMSNorm (normalise in float32, scale in the input dtype), in two fused ops."""
+    return weight * F.rms_norm(x.to(torch.float32), x.shape[-1:], eps=eps).to(x.dtype)
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -144,9 +142,11 @@ class NativeLlamaRunner(CausalLMRunner):
         if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before RoPE
             query = rms_norm(query, attn.q_norm.weight, self.eps)
             key = rms_norm(key, attn.k_norm.weight, self.eps)
-        query, key, value = query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2)
-        query = query * cos + rotate_half(query) * sin
-        key = key * cos + rotate_half(key) * sin
+        # RoPE on queries and keys at once: one set of elementwise ops instead of two
+        rotated = torch.cat([query, key], dim=2).transpose(1, 2)
+        rotated = rotated * cos + rotate_half(rotated) * sin
+        query, key = rotated.split([query.shape[2], key.shape[2]], dim=1)
+        value = value.transpose(1, 2)
         keys, values = self.cache.write(index, key, value, positions, kv_len)
         out = F.scaled_dot_product_attention(query, keys, values, attn_mask=attend, scale=self.scale,
                                              enable_gqa=self.num_heads != self.num_kv_heads)

@@ -9,8 +9,7 @@ import torch
 
 from decode.export import ExportError, ServingTarget, check_tokenizer, replace_directory, serving_copy, \
     serving_flags, staging_directory, write_serving_files
-from decode.models import ModelSpec, PairError, load_model
-from decode.pair import load_pair
+from decode.models import PairError
 from decode.tiny import tiny_llama, tiny_tokenizer
 
 
@@ -75,7 +74,7 @@ def test_a_failed_export_leaves_the_previous_one_intact(tmp_path, monkeypatch):
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    import decode.gguf_export
+    import train.export_stage
     from train.pipeline import Pipeline
     from train.tracking import Tracker
 
@@ -93,7 +92,7 @@ def test_a_failed_export_leaves_the_previous_one_intact(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(decode.gguf_export, "write_gguf", broken)
+    monkeypatch.setattr(train.export_stage, "write_gguf", broken)
     cfg.stages = ["export"]
     with pytest.raises(OSError, match="disk full"):
         Pipeline(cfg, Accelerator(cpu=True), tracker, tmp_path / "run").run()

@@ -2,7 +2,6 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -13,7 +12,6 @@ import torch
 from accelerate import Accelerator
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
-from safetensors.torch import load_file
 
 from decode.models import ModelSpec
 from decode.pair import load_pair

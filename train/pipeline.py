@@ -20,14 +20,14 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from decode.models import ModelSpec, PairError, locate, resolve_device, resolve_dtype
-from decode.pair import ModelPair, load_pair
+from decode.models import ModelSpec, locate
+from decode.pair import load_pair
 from decode.settings import gamma_policy, sampling_params
 from distill.data import examples_from_records, load_domain_prompts, shipped_domains
 from distill.generate import answer_prompts, cache_key, dataset_directory, generate_dataset, load_cached_dataset, \
     score_answers
 from distill.vocab import most_frequent_tokens
-from eval.acceptance import measure_acceptance, recommended_gamma
+from eval.acceptance import measure_acceptance
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +201,9 @@ class Pipeline:
         if kept:
             self.summary["draft_vocab_size"] = len(kept)
         self._save_draft(self.accelerator.unwrap_model(recipe.draft))
+        self.tracker.log_model(self.draft_dir, f"draft-{cfg.domain.name}-{cfg.method.name}",
+                               {key: self.summary.get(key) for key in ("domain", "method", "train_steps",
+                                                                       "train_heldout_acceptance_end")})
 
     def _always_kept_tokens(self) -> list[int]:
         tokenizer = self.pair.tokenizer
@@ -289,143 +292,11 @@ class Pipeline:
 
     # ---- export -------------------------------------------------------------------------------------
     def stage_export(self) -> None:
-        from decode.export import (ServingTarget, check_tokenizer, replace_directory, serving_copy, serving_flags,
-                                   staging_directory, write_serving_files)
-        from decode.gguf_export import write_gguf
-        from decode.models import load_model
+        from train.export_stage import DraftExport
 
-        cfg = self.cfg
         if not (self.draft_dir / "config.json").is_file():
             raise ConfigError(f"no trained draft in {self.draft_dir}; run the train stage first")
-        destination = Path(cfg.export.dir) if cfg.export.dir else self.run_dir / "export"
-        if destination.exists() and not cfg.export.overwrite:
-            raise ConfigError(f"{destination} exists; set export.overwrite=true to replace it")
-        if not self.accelerator.is_main_process:
-            return
-        destination = destination.resolve()
-        target_dir, target_gguf = locate(self.target_spec)
-        serving_target = ServingTarget(hf_path=self._serving_target_path(), gguf_path=str(Path(target_dir, target_gguf))
-                                       if target_gguf else None)
-        gamma = recommended_gamma(self.summary.get("alpha_after", self._previous("alpha_after", 0.5)))
-        staging = staging_directory(destination)
-        try:
-            draft = serving_copy(load_model(ModelSpec(path=str(self.draft_dir), dtype=self.target_spec.dtype,
-                                                      device="cpu")))
-            draft.save_pretrained(staging / "draft")
-            self.pair.tokenizer.save_pretrained(staging / "draft")
-            check_tokenizer(staging / "draft", self.pair.tokenizer)
-            gguf_path = None
-            if cfg.export.gguf:
-                gguf_path = write_gguf(draft, self.pair.tokenizer, staging / "draft.gguf",
-                                       tokenizer_source_gguf=Path(target_dir, target_gguf) if target_gguf else None,
-                                       outtype=cfg.export.gguf_type)
-            flags = serving_flags(serving_target, destination / "draft",
-                                  destination / "draft.gguf" if gguf_path else None, gamma)
-            write_serving_files(staging / "serving", flags)
-            checks = self._round_trip(staging / "draft", gguf_path) if cfg.export.verify_prompts else {}
-            record = {"export_path": str(destination), "gamma": gamma, "flags": flags, "round_trip": checks,
-                      "draft_vocab_size": len(draft.config.draft_vocab) if getattr(draft.config, "draft_vocab", None)
-                      else None}
-            (staging / "export.json").write_text(json.dumps(record, indent=2) + "\n")
-            (staging / "README.md").write_text(self._model_card(record))
-        except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        replace_directory(staging, destination, cfg.export.overwrite)
-        self.summary.update(export_path=str(destination), export_gamma=gamma, serving=flags,
-                            export_round_trip=checks)
-
-    def _serving_target_path(self) -> str:
-        """Where vLLM/SGLang find the target: a hub id as given, else the local directory transformers loads
-        (for a GGUF target, its converted safetensors copy)."""
-        from decode.models import model_source
-
-        source = model_source(self.target_spec)[0]
-        return str(Path(source).resolve()) if Path(source).exists() else source
-
-    def _previous(self, key, default):
-        previous = self.run_dir / "summary.json"
-        return json.loads(previous.read_text()).get(key, default) if previous.is_file() else default
-
-    def _round_trip(self, exported_dir: Path, gguf_path: Path | None) -> dict:
-        """The exported draft(s) reloaded and decoded against the draft as trained: same greedy output, same alpha."""
-        from decode.models import load_model
-        from decode.sampling import SamplingParams
-
-        cfg = self.cfg
-        prompts = self.pair.encode_chat([p.text for p in self.heldout_prompts[: cfg.export.verify_prompts]],
-                                        cfg.domain.get("system_prompt"))
-        greedy, policy = SamplingParams(temperature=0), gamma_policy(cfg.decode, dynamic=False)
-        spec = ModelSpec(path=str(self.draft_dir), dtype=self.target_spec.dtype, device=str(self.accelerator.device))
-
-        def decode(draft):
-            result = self.pair.decoder(draft).generate(prompts, cfg.eval.max_new_tokens, greedy, policy)
-            return result.tokens, result.metrics.alpha
-
-        reference_tokens, reference_alpha = decode(load_model(spec))
-        loaded = {"hf": load_model(ModelSpec(path=str(exported_dir), dtype=spec.dtype, device=spec.device))}
-        if gguf_path is not None:  # read back as llama.cpp would get it, through transformers' GGUF reader
-            from transformers import AutoModelForCausalLM
-
-            reread = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-            reread.config.draft_vocab = getattr(loaded["hf"].config, "draft_vocab", None)
-            loaded["gguf"] = reread.to(dtype=next(loaded["hf"].parameters()).dtype, device=self.accelerator.device)
-        checks = {"prompts": len(prompts), "alpha_trained": reference_alpha}
-        for name, draft in loaded.items():
-            tokens, alpha = decode(draft)
-            checks[f"alpha_{name}"] = alpha
-            checks[f"same_greedy_output_{name}"] = tokens == reference_tokens
-            if tokens != reference_tokens or abs(alpha - reference_alpha) > 0.01:
-                raise ConfigError(f"the exported {name} draft decodes differently from the trained one "
-                                  f"(alpha {alpha:.4f} vs {reference_alpha:.4f}, same output: {tokens == reference_tokens})")
-        return checks
-
-    def _model_card(self, record: dict) -> str:
-        import subprocess
-        import sys
-
-        cfg = self.cfg
-        commit = subprocess.run(["git", "rev-parse", "HEAD"], capture_output=True, text=True,
-                                cwd=Path(__file__).parent).stdout.strip() or "unknown"
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True,
-                               cwd=Path(__file__).parent).stdout.strip()
-        summary = {**json.loads((self.run_dir / "summary.json").read_text()), **self.summary} \
-            if (self.run_dir / "summary.json").is_file() else self.summary
-        flags = record["flags"]
-        lines = [
-            f"# Draft model for speculative decoding: {cfg.domain.name}", "",
-            f"- target: `{cfg.pair.target.path}`",
-            f"- domain: {cfg.domain.name} (prompts: {cfg.domain.source}"
-            f"{', ' + str(cfg.domain.path) if cfg.domain.path else ''}; {summary.get('train_answers', '?')} target "
-            f"answers for training, {summary.get('heldout_answers', '?')} held out)",
-            f"- data: the target's own answers through its chat template, sampled at temperature "
-            f"{cfg.generate.temperature}, top-p {cfg.generate.top_p}, up to {cfg.generate.max_new_tokens} tokens",
-            f"- method: {cfg.method.name}, loss {cfg.method.loss}, lr {cfg.method.lr}, "
-            f"{summary.get('train_steps', '?')} steps" + (f", LoRA r={cfg.method.lora.r} (merged)"
-                                                           if cfg.method.lora else ""),
-            f"- draft vocabulary: {record['draft_vocab_size'] or 'full'}",
-            f"- held-out acceptance alpha ({cfg.domain.name}): {summary.get('alpha_before', float('nan')):.3f} before "
-            f"training, {summary.get('alpha_after', float('nan')):.3f} after (speculative decoding at temperature "
-            f"{cfg.decode.temperature}, gamma {cfg.decode.gamma})",
-            f"- recommended gamma: {record['gamma']}", "",
-            "## Serving", "", "vLLM:", "", "```", shlex_join(flags["vllm"]), "```", "", "SGLang:", "", "```",
-            shlex_join(flags["sglang"]), "```", ""]
-        if "llama_cpp" in flags:
-            lines += ["llama.cpp:", "", "```", shlex_join(flags["llama_cpp"]), "```", ""]
-        if record["draft_vocab_size"]:
-            lines += ["The draft keeps a pruned vocabulary: the output rows of the other tokens are zero here "
-                      "(engines give them a small probability); this project's decoder reads `draft_vocab` from "
-                      "config.json and gives them probability 0.", ""]
-        lines += ["## Provenance", "", f"- git commit: {commit}{' (with uncommitted changes)' if dirty else ''}",
-                  f"- command line: `{shlex_join(sys.argv)}`", "", "Resolved configuration:", "", "```yaml",
-                  OmegaConf.to_yaml(OmegaConf.to_container(self.cfg, resolve=True)).rstrip(), "```", ""]
-        return "\n".join(lines)
-
-
-def shlex_join(args) -> str:
-    import shlex
-
-    return shlex.join(str(arg) for arg in args)
+        self.summary.update(DraftExport(self).run())
 
 
 def format_summary(summary: dict, run_dir: Path) -> str:
