@@ -188,8 +188,7 @@ def load_model(spec: ModelSpec) -> torch.nn.Module:
 _LAYER_KEY = re.compile(r"\.(layers|h|blocks)\.(\d+)\.")
 
 
-def derive_draft(target: torch.nn.Module, num_layers: int, dtype: torch.dtype | None = None,
-                 device: torch.device | None = None) -> torch.nn.Module:
+def derive_draft(target: torch.nn.Module, num_layers: int) -> torch.nn.Module:
     """A draft made of the target's first num_layers layers, embeddings, final norm and head (copied)."""
     total = target.config.num_hidden_layers
     if not 1 <= num_layers < total:
@@ -208,8 +207,7 @@ def derive_draft(target: torch.nn.Module, num_layers: int, dtype: torch.dtype | 
         raise PairError(f"cannot derive a draft from a {config.model_type} target: "
                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     draft.tie_weights()
-    return draft.to(device=device or next(target.parameters()).device,
-                    dtype=dtype or next(target.parameters()).dtype).eval()
+    return draft.to(next(target.parameters()).device).eval()
 
 
 def make_runner(model: torch.nn.Module, vocab_size: int, backend: str = "auto") -> CausalLMRunner:

@@ -136,9 +136,7 @@ def check_pair(target, draft, target_tok, draft_tok, check_chat_template: bool =
 def load_pair(target_spec: ModelSpec, draft_spec: ModelSpec, check_chat_template: bool = True) -> ModelPair:
     tokenizer = load_tokenizer(target_spec)
     target = load_model(target_spec)
-    if draft_spec.path:
-        if draft_spec.derive_layers:
-            raise PairError("set either pair.draft.path or pair.draft.derive_layers, not both")
+    if draft_spec.path:  # a path wins over derive_layers, so pair.draft.path=... alone switches drafts
         draft_tokenizer = load_tokenizer(draft_spec)
         draft = load_model(draft_spec)
     elif draft_spec.derive_layers:

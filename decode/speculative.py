@@ -187,7 +187,6 @@ class _Batch:
         self.lengths_host = list(self.prompt_lengths)
         self.active_host = [True] * self.batch
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.rows = torch.arange(self.batch, device=device)
         self.metrics = DecodeMetrics(calls=1, sequences=self.batch,
                                      drafted_per_position=[0] * largest_gamma,
                                      accepted_per_position=[0] * largest_gamma)

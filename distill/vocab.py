@@ -1,4 +1,4 @@
-"""Draft vocabulary pruning: keep the K most frequent tokens of the training data in the draft's head.
+"""Draft vocabulary pruning: keep the K tokens the target puts the most probability on in the training data.
 
 The draft's output projection then costs K/V of the full one, which for a small
 draft over a large vocabulary is most of its step. Tokens outside the kept set
@@ -7,19 +7,30 @@ get q = 0, which the speculative decoder handles exactly.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 
+from distill.data import Example
 
-def most_frequent_tokens(sequences, keep: int, always_keep: list[int], vocab_size: int) -> list[int]:
-    """The `keep` most frequent token ids in `sequences` (ties by id), plus `always_keep` (EOS etc.)."""
+
+def target_mass(examples: list[Example]) -> Counter:
+    """Per token id, the target's probability summed over every answer position (from its recorded top-k)."""
+    mass: Counter = Counter()
+    for example in examples:
+        for ids, log_probs in zip(example.target_top_ids, example.target_top_logprobs):
+            for token, log_prob in zip(ids, log_probs):
+                mass[token] += math.exp(log_prob)
+    return mass
+
+
+def most_probable_tokens(mass: Counter, keep: int, always_keep: list[int], vocab_size: int) -> list[int]:
+    """The `keep` tokens of largest mass (ties by id), plus `always_keep` (EOS and the other special tokens)."""
     if keep <= 0:
         raise ValueError(f"prune_vocab must be a positive number of tokens, got {keep}")
     if keep >= vocab_size:
         raise ValueError(f"prune_vocab={keep} keeps the whole vocabulary ({vocab_size}); use 0 to turn pruning off")
-    counts = Counter(token for sequence in sequences for token in sequence)
-    ranked = sorted(counts, key=lambda token: (-counts[token], token))
     kept = set(always_keep)
-    for token in ranked:
+    for token in sorted(mass, key=lambda token: (-mass[token], token)):
         if len(kept) >= keep:
             break
         kept.add(token)

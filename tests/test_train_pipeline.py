@@ -242,11 +242,13 @@ def test_a_pruned_draft_trains_on_its_kept_tokens_and_decodes_with_q_zero_elsewh
     import copy
 
     from decode.native import NativeLlamaRunner
-    from distill.vocab import most_frequent_tokens
+    from distill.vocab import most_probable_tokens, target_mass
 
-    kept = most_frequent_tokens((e.input_ids for e in tiny_examples), 40, tiny_pair.eos_token_ids,
-                                tiny_pair.vocab_size)
+    mass = target_mass(tiny_examples)
+    kept = most_probable_tokens(mass, 40, tiny_pair.eos_token_ids, tiny_pair.vocab_size)
     assert len(kept) == 40 and set(tiny_pair.eos_token_ids) <= set(kept)
+    heaviest = sorted(mass, key=lambda token: -mass[token])[:20]
+    assert set(heaviest) <= set(kept)
     draft = copy.deepcopy(tiny_pair.draft).float().train()
     draft.config.draft_vocab = kept
     recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, draft=draft, kept_ids=kept, max_steps=2)
@@ -259,4 +261,4 @@ def test_a_pruned_draft_trains_on_its_kept_tokens_and_decodes_with_q_zero_elsewh
     finite = torch.isfinite(logits[0, -1]).nonzero().flatten().tolist()
     assert finite == kept
     with pytest.raises(ValueError, match="whole vocabulary"):
-        most_frequent_tokens([[1, 2]], tiny_pair.vocab_size, [], tiny_pair.vocab_size)
+        most_probable_tokens(mass, tiny_pair.vocab_size, [], tiny_pair.vocab_size)

@@ -26,7 +26,7 @@ from decode.settings import gamma_policy, sampling_params
 from distill.data import examples_from_records, load_domain_prompts, shipped_domains
 from distill.generate import answer_prompts, cache_key, dataset_directory, generate_dataset, load_cached_dataset, \
     score_answers
-from distill.vocab import most_frequent_tokens
+from distill.vocab import most_probable_tokens, target_mass
 from eval.acceptance import measure_acceptance
 
 log = logging.getLogger(__name__)
@@ -175,7 +175,7 @@ class Pipeline:
         draft = copy.deepcopy(self.pair.draft).float().train()
         kept = None
         if method.prune_vocab:
-            kept = most_frequent_tokens((e.input_ids for e in train_examples), method.prune_vocab,
+            kept = most_probable_tokens(target_mass(train_examples), method.prune_vocab,
                                         self._always_kept_tokens(), self.pair.vocab_size)
             draft.config.draft_vocab = kept
         if not method.train_embeddings:
