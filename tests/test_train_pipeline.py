@@ -255,6 +255,8 @@ def test_a_pruned_draft_trains_on_its_kept_tokens_and_decodes_with_q_zero_elsewh
     before = fixed_batch_loss(recipe, tiny_examples)
     recipe.train()
     assert fixed_batch_loss(recipe, tiny_examples) < before
+    draft = recipe.trained_draft()
+    assert draft.get_output_embeddings().weight.data_ptr() == draft.get_input_embeddings().weight.data_ptr()
     runner = NativeLlamaRunner(draft.eval(), tiny_pair.vocab_size)
     runner.reset(1, 16)
     logits = runner.forward(torch.tensor([tiny_examples[0].input_ids[:5]]), torch.tensor([0]), 5)

@@ -102,15 +102,23 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_draft(tmp_path, cache):
         torch.testing.assert_close(resumed[name], expected[name], rtol=1e-5, atol=1e-6)
 
 
-def test_generation_shards_across_two_accelerate_processes(tmp_path, cache):
+def test_two_accelerate_processes_share_generation_and_training(tmp_path, cache):
     shared_cache = tmp_path / "cache"  # fresh, so the two processes really generate
     command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
-               "-m", "train", "+domain=code", "+debug=tiny", "stages=[generate]", f"run_dir={tmp_path / 'run'}",
-               f"hydra.run.dir={tmp_path / 'hydra'}"]
+               "-m", "train", "+domain=code", "+debug=tiny", "stages=[generate,train]", "method.max_steps=2",
+               f"run_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}"]
     run(command, shared_cache)
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     train_data = datasets.load_from_disk(summary["train_data"])
     assert summary["train_answers"] == 8 == len(set(train_data["id"]))
     assert all(length > prompt for length, prompt in
                zip(map(len, train_data["input_ids"]), train_data["prompt_length"]))
+    assert summary["train_steps"] == 2 and (tmp_path / "run" / "draft" / "model.safetensors").is_file()
+
+
+def test_on_policy_mixing_replaces_a_share_of_the_targets_answers(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    run(train_command("method.on_policy_fraction=0.5", "stages=[generate,train]", f"run_dir={run_dir}"), cache)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["on_policy_examples"] == 4 and summary["train_examples"] == 8

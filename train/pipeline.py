@@ -200,7 +200,7 @@ class Pipeline:
         self.summary["train_examples"] = len(train_examples)
         if kept:
             self.summary["draft_vocab_size"] = len(kept)
-        self._save_draft(self.accelerator.unwrap_model(recipe.draft))
+        self._save_draft(recipe.trained_draft())
         self.tracker.log_model(self.draft_dir, f"draft-{cfg.domain.name}-{cfg.method.name}",
                                {key: self.summary.get(key) for key in ("domain", "method", "train_steps",
                                                                        "train_heldout_acceptance_end")})

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
@@ -60,14 +61,20 @@ def base_causal_lm(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
-def draft_logits(draft, input_ids, attention_mask, kept_ids: torch.Tensor | None) -> torch.Tensor:
-    """[B, T, V] logits, or [B, T, K] over the kept tokens of a pruned draft (only those head rows)."""
-    if kept_ids is None:
-        return draft(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    causal_lm = base_causal_lm(draft)
-    hidden = causal_lm.get_decoder()(input_ids=input_ids, attention_mask=attention_mask,
-                                     use_cache=False).last_hidden_state
-    return F.linear(hidden, causal_lm.get_output_embeddings().weight[kept_ids])
+class KeptRowsHead(nn.Module):
+    """A pruned draft's output head while it trains: only the kept rows of the full head's weight.
+
+    It replaces the model's head, so the forward still runs through the model (and through
+    any DDP/FSDP wrapper); the weight stays the same parameter, tied to the embeddings.
+    """
+
+    def __init__(self, head: nn.Module, kept_ids: torch.Tensor):
+        super().__init__()
+        self.head = head
+        self.register_buffer("kept_ids", kept_ids, persistent=False)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return F.linear(hidden, self.head.weight[self.kept_ids])
 
 
 class DistillationRecipe:
@@ -94,6 +101,8 @@ class DistillationRecipe:
             self.kept_ids = torch.tensor(kept_ids, device=device)
             self.kept_index = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
             self.kept_index[self.kept_ids] = torch.arange(len(kept_ids), device=device)
+            causal_lm = base_causal_lm(draft)
+            causal_lm.set_output_embeddings(KeptRowsHead(causal_lm.get_output_embeddings(), self.kept_ids.cpu()))
         trainable = [p for p in draft.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=settings.weight_decay)
         self.examples_per_step = settings.micro_batch_size * settings.gradient_accumulation * \
@@ -163,7 +172,8 @@ class DistillationRecipe:
 
     def per_token_loss(self, batch: dict) -> torch.Tensor:
         """[B, T] loss of each position against the recorded target distribution (masked by the caller)."""
-        logits = draft_logits(self.draft, batch["input_ids"], batch["attention_mask"], self.kept_ids)
+        logits = self.draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                            use_cache=False).logits
         target_ids, cells = batch["target_ids"], None
         if self.kept_index is not None:  # target tokens outside the draft's vocabulary join the bucket
             target_ids = self.kept_index[target_ids]
@@ -198,7 +208,8 @@ class DistillationRecipe:
         for at in range(0, len(self.heldout_examples), size):
             batch = self._to_device(collate(self.heldout_examples[at: at + size], self.pad_token_id))
             with self.accelerator.autocast():
-                logits = draft_logits(self.draft, batch["input_ids"], batch["attention_mask"], self.kept_ids)
+                logits = self.draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                    use_cache=False).logits
             if self.kept_ids is not None:
                 full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
                 logits = full.index_copy_(-1, self.kept_ids, logits)
@@ -211,6 +222,14 @@ class DistillationRecipe:
         totals = self.accelerator.reduce(torch.tensor([accepted, positions], device=self.accelerator.device,
                                                       dtype=torch.float64), reduction="sum")
         return (totals[0] / totals[1]).item() if totals[1] else float("nan")
+
+    def trained_draft(self):
+        """The trained model, unwrapped, with its full output head back in place."""
+        draft = self.accelerator.unwrap_model(self.draft)
+        causal_lm = base_causal_lm(draft)
+        if isinstance(causal_lm.get_output_embeddings(), KeptRowsHead):
+            causal_lm.set_output_embeddings(causal_lm.get_output_embeddings().head)
+        return draft
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def _latest_checkpoint(self) -> Path | None:
