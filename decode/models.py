@@ -44,6 +44,7 @@ class ModelSpec:
     dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA (float16 where bf16 is unsupported)
     device: str = "auto"
     derive_layers: int | None = None  # draft only: take the target's first N layers instead of a path
+    fresh: dict | None = None  # draft only: a new model, the target's config with these changes
     backend: str = "auto"  # auto: native for Llama-family models, transformers otherwise
     revision: str | None = None
     trust_remote_code: bool = False
@@ -107,6 +108,24 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft"))
 
 
+def content_fingerprint(path: Path) -> str:
+    """Identity of a model file or directory that does not depend on where it lies (two venvs, two
+    clones): each file's name and size with its first and last MiB."""
+    files = [path] if path.is_file() else sorted(
+        p for p in path.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".bin", ".gguf", ".model"))
+    digest = hashlib.sha256()
+    mib = 1 << 20
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.name}|{size}".encode())
+        with file.open("rb") as handle:
+            digest.update(handle.read(mib))
+            if size > 2 * mib:
+                handle.seek(-mib, os.SEEK_END)
+                digest.update(handle.read())
+    return digest.hexdigest()[:16]
+
+
 def _gguf_as_safetensors(directory: str, gguf_file: str) -> Path:
     """GGUF -> a transformers directory with safetensors, converted once and reused.
 
@@ -116,9 +135,7 @@ def _gguf_as_safetensors(directory: str, gguf_file: str) -> Path:
     source = Path(directory, gguf_file)
     if not source.is_file():
         raise PairError(f"GGUF file not found: {source}")
-    stat = source.stat()
-    key = hashlib.sha256(f"{source.resolve()}|{stat.st_size}|{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    converted = cache_root() / "gguf" / f"{source.stem}-{key}"
+    converted = cache_root() / "gguf" / f"{source.stem}-{content_fingerprint(source)}"
     if (converted / "config.json").is_file():
         return converted
     if importlib.util.find_spec("gguf") is None:
@@ -207,6 +224,28 @@ def derive_draft(target: torch.nn.Module, num_layers: int) -> torch.nn.Module:
         raise PairError(f"cannot derive a draft from a {config.model_type} target: "
                         f"missing {missing[:5]}, unexpected {unexpected[:5]}")
     draft.tie_weights()
+    return draft.to(next(target.parameters()).device).eval()
+
+
+def fresh_draft(target: torch.nn.Module, overrides: dict, seed: int = 0) -> torch.nn.Module:
+    """A randomly initialised draft: the target's config with `overrides` (e.g. fewer, narrower layers).
+
+    When the hidden size is the target's, the target's embeddings (and output head) are copied in:
+    the draft then starts out reading and writing the target's token space.
+    """
+    config = copy.deepcopy(target.config)
+    for key, value in overrides.items():
+        if not hasattr(config, key):
+            raise PairError(f"pair.draft.fresh.{key} is not a {config.model_type} config setting")
+        setattr(config, key, value)
+    if getattr(config, "layer_types", None):
+        config.layer_types = config.layer_types[: config.num_hidden_layers]
+    torch.manual_seed(seed)
+    draft = AutoModelForCausalLM.from_config(config, dtype=next(target.parameters()).dtype)
+    if draft.get_input_embeddings().weight.shape == target.get_input_embeddings().weight.shape:
+        with torch.no_grad():
+            draft.get_input_embeddings().weight.copy_(target.get_input_embeddings().weight)
+            draft.get_output_embeddings().weight.copy_(target.get_output_embeddings().weight)
     return draft.to(next(target.parameters()).device).eval()
 
 

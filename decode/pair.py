@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from decode.models import ModelSpec, PairError, derive_draft, load_model, load_tokenizer, make_runner
+from decode.models import ModelSpec, PairError, derive_draft, fresh_draft, load_model, load_tokenizer, make_runner
 from decode.speculative import SpeculativeDecoder
 
 log = logging.getLogger(__name__)
@@ -139,10 +139,14 @@ def load_pair(target_spec: ModelSpec, draft_spec: ModelSpec, check_chat_template
     if draft_spec.path:  # a path wins over derive_layers, so pair.draft.path=... alone switches drafts
         draft_tokenizer = load_tokenizer(draft_spec)
         draft = load_model(draft_spec)
+    elif draft_spec.fresh:
+        draft_tokenizer = tokenizer
+        draft = fresh_draft(target, dict(draft_spec.fresh))
     elif draft_spec.derive_layers:
         draft_tokenizer = tokenizer
         draft = derive_draft(target, draft_spec.derive_layers)
     else:
-        raise PairError("the draft needs pair.draft.path (a model) or pair.draft.derive_layers (N target layers)")
+        raise PairError("the draft needs pair.draft.path (a model), pair.draft.fresh (a new config) or "
+                        "pair.draft.derive_layers (N target layers)")
     check_pair(target, draft, tokenizer, draft_tokenizer, check_chat_template)
     return ModelPair(target, draft, tokenizer, target_spec.backend, draft_spec.backend)

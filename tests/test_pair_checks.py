@@ -99,3 +99,27 @@ def test_tiny_random_path_builds_a_usable_pair():
     prompts = pair.encode_chat(["hello"])
     assert prompts[0][-1] == pair.tokenizer.encode("\n")[-1]
     assert pair.eos_token_ids == [pair.tokenizer.eos_token_id]
+
+
+def test_cache_keys_follow_content_not_location(tmp_path, tiny_model_dir):
+    import shutil
+
+    from decode.models import content_fingerprint
+
+    copy = tmp_path / "elsewhere"
+    shutil.copytree(tiny_model_dir, copy)
+    assert content_fingerprint(copy) == content_fingerprint(tiny_model_dir)
+    config = copy / "config.json"
+    config.write_text(config.read_text().replace('"rms_norm_eps"', '"rms_norm_eps" ', 1))
+    assert content_fingerprint(copy) != content_fingerprint(tiny_model_dir)
+
+
+def test_a_fresh_draft_takes_the_targets_config_with_changes(tiny_model_dir):
+    pair = load_pair(ModelSpec(path=str(tiny_model_dir)), ModelSpec(fresh={"num_hidden_layers": 1,
+                                                                          "intermediate_size": 32}))
+    assert pair.draft.config.num_hidden_layers == 1 and pair.draft.config.intermediate_size == 32
+    torch.testing.assert_close(pair.draft.get_input_embeddings().weight, pair.target.get_input_embeddings().weight)
+    assert not torch.equal(pair.draft.model.layers[0].self_attn.q_proj.weight,
+                           pair.target.model.layers[0].self_attn.q_proj.weight)  # new layers, not copied ones
+    with pytest.raises(PairError, match="not a llama config setting"):
+        load_pair(ModelSpec(path=str(tiny_model_dir)), ModelSpec(fresh={"num_layerz": 1}))

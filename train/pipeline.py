@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from decode.models import ModelSpec, locate
+from decode.models import ModelSpec, content_fingerprint, locate
 from decode.pair import load_pair
 from decode.settings import gamma_policy, sampling_params
 from distill.data import examples_from_records, load_domain_prompts, shipped_domains
@@ -70,14 +70,13 @@ def run_directory(cfg: DictConfig) -> Path:
 
 
 def target_fingerprint(spec: ModelSpec) -> str:
-    """What identifies the target's weights: the resolved file (with size and time) or the hub id@revision."""
+    """What identifies the target's weights: the content of a local file or directory, or hub id@revision."""
     if spec.path == "tiny-random":
         return "tiny-random-v1"
     directory, gguf_file = locate(spec)
     path = Path(directory, gguf_file) if gguf_file else Path(directory)
     if path.exists():
-        stat = (path / "config.json" if path.is_dir() else path).stat()
-        return f"{path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}"
+        return content_fingerprint(path)
     return f"{spec.path}@{spec.revision or 'main'}"
 
 
