@@ -33,11 +33,6 @@ def measure_acceptance(decoder: SpeculativeDecoder, prompt_ids: list[list[int]],
     return report
 
 
-def expected_tokens_per_round(alpha: float, gamma: int) -> float:
-    """(1 - alpha^(gamma+1)) / (1 - alpha): tokens a round yields when each draft token is kept with prob. alpha."""
-    return gamma + 1.0 if alpha >= 1.0 else (1 - alpha ** (gamma + 1)) / (1 - alpha)
-
-
 def recommended_gamma(alpha: float) -> int:
     """The seed's rule of thumb: 8 when alpha > 0.7, 3 below 0.5, 5 between."""
     if alpha > 0.7:
