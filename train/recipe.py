@@ -120,7 +120,7 @@ class DistillationRecipe:
     # ---- the loop -------------------------------------------------------------------------------
     def train(self) -> dict:
         self._resume()
-        history, loss = {}, float("nan")
+        history, loss, postfix = {}, float("nan"), {}
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                    disable=not self.accelerator.is_main_process)
         if self.step == 0 and self.heldout_examples:
@@ -131,13 +131,16 @@ class DistillationRecipe:
                 loss = self._optimizer_step(self._micro_batches(self.step))
                 self.step += 1
                 bar.update(1)
-                bar.set_postfix(loss=f"{loss:.4f}")
+                postfix["loss"] = f"{loss:.4f}"
                 self.tracker.log({"train/loss": loss, "train/lr": self.scheduler.get_last_lr()[0]}, step=self.step)
                 if self.heldout_examples and (self.step % self.settings.eval_every == 0
                                               or self.step == self.total_steps):
                     acceptance = self.heldout_acceptance()
                     history["heldout_acceptance_end"] = acceptance
                     self.tracker.log({"heldout/expected_acceptance": acceptance}, step=self.step)
+                    postfix["heldout_acceptance"] = f"{acceptance:.3f}"
+                    log.info("step %d: held-out expected acceptance %.3f", self.step, acceptance)
+                bar.set_postfix(postfix)
                 if self.step % self.settings.checkpoint_every == 0 and self.step < self.total_steps:
                     self._save_checkpoint()
         history.update(steps=self.total_steps, final_loss=loss)
