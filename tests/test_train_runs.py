@@ -60,6 +60,10 @@ def test_a_full_lora_run_reports_alpha_before_and_after_and_prints_its_directory
     assert abs(checks["alpha_hf"] - checks["alpha_trained"]) <= 0.01 >= abs(checks["alpha_gguf"] - checks["alpha_trained"])
     vllm = json.loads((export / "serving" / "vllm.json").read_text())
     assert Path(vllm["model"], "model.safetensors").is_file()
+    # the serving gamma is the one the eval stage found best for this draft, and it was measured there
+    assert vllm["num_speculative_tokens"] == summary["recommended_gamma"] == record["gamma"]
+    assert 1 <= summary["recommended_gamma"] <= 8 and summary["draft_cost_ratio"] > 0
+    assert 0.0 <= summary["alpha_at_recommended_gamma"] <= 1.0 and summary["speedup_vs_ar_at_recommended_gamma"] > 0
     assert Path(record["flags"]["vllm"][2], "config.json").is_file()  # the target, as vLLM would load it
     assert (export / "draft.gguf").is_file() and "## Provenance" in (export / "README.md").read_text()
 

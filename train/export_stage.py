@@ -18,7 +18,6 @@ from decode.gguf_export import write_gguf
 from decode.models import ModelSpec, load_model, locate, model_source
 from decode.sampling import SamplingParams
 from decode.settings import gamma_policy
-from eval.acceptance import recommended_gamma
 from train.pipeline import ConfigError
 
 
@@ -47,7 +46,7 @@ class DraftExport:
         target_dir, target_gguf = locate(self.target_spec)
         target_gguf = Path(target_dir, target_gguf) if target_gguf else None
         serving_target = ServingTarget(self._serving_target_path(), str(target_gguf) if target_gguf else None)
-        gamma = recommended_gamma(self.known.get("token_acceptance_after", 0.5))
+        gamma = self.known.get("recommended_gamma") or cfg.decode.gamma  # the eval stage measured it
         staging = staging_directory(destination)
         try:
             draft = serving_copy(load_model(ModelSpec(path=str(self.pipeline.draft_dir),
@@ -135,7 +134,11 @@ class DraftExport:
             f"before training, {summary.get('alpha_after', float('nan')):.3f} after; per-token acceptance "
             f"{summary.get('token_acceptance_before', float('nan')):.3f} -> "
             f"{summary.get('token_acceptance_after', float('nan')):.3f}",
-            f"- recommended gamma: {record['gamma']}", "",
+            f"- recommended gamma: {record['gamma']}" + (
+                f" (the most tokens per second for this draft's acceptance and measured step cost c = "
+                f"{summary['draft_cost_ratio']:.3f}; there alpha = {summary['alpha_at_recommended_gamma']:.3f}, "
+                f"speculative decoding {summary['speedup_vs_ar_at_recommended_gamma']:.2f}x autoregressive)"
+                if summary.get("speedup_vs_ar_at_recommended_gamma") else ""), "",
             "## Serving", "", "vLLM:", "", "```", shlex_join(flags["vllm"]), "```", "", "SGLang:", "", "```",
             shlex_join(flags["sglang"]), "```", ""]
         if "llama_cpp" in flags:

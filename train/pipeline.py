@@ -23,11 +23,12 @@ from omegaconf import DictConfig, OmegaConf
 from decode.models import ModelSpec, content_fingerprint, locate
 from decode.pair import load_pair
 from decode.settings import gamma_policy, sampling_params
+from decode.speculative import GammaPolicy
 from distill.data import examples_from_records, load_domain_prompts, shipped_domains
 from distill.generate import answer_prompts, cache_key, dataset_directory, generate_dataset, load_cached_dataset, \
     score_answers
 from distill.vocab import most_probable_tokens, target_mass
-from eval.acceptance import measure_acceptance
+from eval.acceptance import draft_cost_ratio, measure_acceptance, recommended_gamma
 
 log = logging.getLogger(__name__)
 
@@ -262,8 +263,8 @@ class Pipeline:
         sampling, policy = sampling_params(cfg.decode), gamma_policy(cfg.decode)
         settings = OmegaConf.to_container(OmegaConf.create({"decode": cfg.decode, "eval": cfg.eval}), resolve=True)
 
-        def measure(decoder, label, compare_ar):
-            return measure_acceptance(decoder, prompt_ids, sampling, policy, cfg.eval.max_new_tokens,
+        def measure(decoder, label, compare_ar, gamma_policy=policy):
+            return measure_acceptance(decoder, prompt_ids, sampling, gamma_policy, cfg.eval.max_new_tokens,
                                       cfg.eval.batch_size, cfg.seed, compare_ar, description=f"eval {label}")
 
         # the untrained draft's figures only change with the eval settings: measured once per run directory
@@ -278,6 +279,7 @@ class Pipeline:
         after = {**measure(self.pair.decoder(trained), "trained draft", cfg.eval.compare_ar), "settings": settings}
         if self.accelerator.is_main_process:
             write_json_atomically(self.run_dir / "eval_after.json", after)
+        self._eval_at_recommended_gamma(trained, after, measure, policy)
         self.summary.update(alpha_before=before["alpha"], alpha_after=after["alpha"],
                             token_acceptance_before=before["token_acceptance"],
                             token_acceptance_after=after["token_acceptance"], eval_gamma=policy.gamma,
@@ -288,6 +290,29 @@ class Pipeline:
         self.tracker.log({"eval/alpha_before": before["alpha"], "eval/alpha_after": after["alpha"],
                           "eval/token_acceptance_after": after["token_acceptance"],
                           "eval/speedup_vs_ar_after": after.get("speedup_vs_ar", float("nan"))}, step=0)
+
+    def _eval_at_recommended_gamma(self, trained, after: dict, measure, policy: GammaPolicy) -> None:
+        """The gamma that suits this draft on this machine (its acceptance and measured step cost), and the
+        trained draft measured there too when it differs from the configured one."""
+        cost_ratio = draft_cost_ratio(after["counts"])
+        gamma = recommended_gamma(after["token_acceptance"], cost_ratio, self.cfg.decode.max_gamma)
+        self.summary.update(recommended_gamma=gamma, draft_cost_ratio=cost_ratio)
+        if not self.cfg.eval.at_recommended_gamma:
+            return
+        at_gamma = after
+        if gamma != policy.gamma or policy.dynamic:
+            at_gamma = measure(self.pair.decoder(trained), f"trained draft, gamma {gamma}", self.cfg.eval.compare_ar,
+                               GammaPolicy(gamma=gamma))
+            if self.accelerator.is_main_process:
+                write_json_atomically(self.run_dir / "eval_recommended_gamma.json", {**at_gamma, "gamma": gamma})
+        self.summary.update(alpha_at_recommended_gamma=at_gamma["alpha"],
+                            mean_accepted_length_at_recommended_gamma=at_gamma["mean_accepted_length"],
+                            spec_tokens_per_s_at_recommended_gamma=at_gamma["tokens_per_s"],
+                            speedup_vs_ar_at_recommended_gamma=at_gamma.get("speedup_vs_ar"))
+        self.tracker.log({"eval/recommended_gamma": gamma,
+                          "eval/alpha_at_recommended_gamma": at_gamma["alpha"],
+                          "eval/speedup_vs_ar_at_recommended_gamma": at_gamma.get("speedup_vs_ar", float("nan"))},
+                         step=0)
 
     # ---- export -------------------------------------------------------------------------------------
     def stage_export(self) -> None:
@@ -313,6 +338,12 @@ def format_summary(summary: dict, run_dir: Path) -> str:
         lines.append(f"mean accepted length {number('mean_accepted_length_after', '.2f')} tokens/round; "
                      f"speculative {number('spec_tokens_per_s_after', '.1f')} tok/s vs AR "
                      f"{number('ar_tokens_per_s', '.1f')} tok/s = {number('speedup_vs_ar_after', '.2f')}x")
+    if "speedup_vs_ar_at_recommended_gamma" in summary:
+        lines.append(f"at the recommended gamma {summary['recommended_gamma']} (draft step cost c = "
+                     f"{number('draft_cost_ratio')}): alpha {number('alpha_at_recommended_gamma')}, "
+                     f"mean accepted length {number('mean_accepted_length_at_recommended_gamma', '.2f')}, "
+                     f"speculative {number('spec_tokens_per_s_at_recommended_gamma', '.1f')} tok/s = "
+                     f"{number('speedup_vs_ar_at_recommended_gamma', '.2f')}x AR")
     if "train_heldout_acceptance_end" in summary:
         lines.append(f"expected acceptance sum(min(p, q)) on held-out answers during training: "
                      f"{number('train_heldout_acceptance_start')} -> {number('train_heldout_acceptance_end')}")
