@@ -301,8 +301,12 @@ class Pipeline:
             return
         at_gamma = after
         if gamma != policy.gamma or policy.dynamic:
-            at_gamma = measure(self.pair.decoder(trained), f"trained draft, gamma {gamma}", self.cfg.eval.compare_ar,
+            # compared with the AR decode of the same prompts in the pass before: AR does not depend on gamma
+            at_gamma = measure(self.pair.decoder(trained), f"trained draft, gamma {gamma}", False,
                                GammaPolicy(gamma=gamma))
+            if "ar_tokens_per_s" in after:
+                at_gamma.update(ar_tokens_per_s=after["ar_tokens_per_s"],
+                                speedup_vs_ar=at_gamma["tokens_per_s"] / after["ar_tokens_per_s"])
             if self.accelerator.is_main_process:
                 write_json_atomically(self.run_dir / "eval_recommended_gamma.json", {**at_gamma, "gamma": gamma})
         self.summary.update(alpha_at_recommended_gamma=at_gamma["alpha"],
