@@ -39,9 +39,12 @@ def expected_tokens_per_round(token_acceptance: float, gamma: int) -> float:
 
 
 def draft_cost_ratio(counts: dict) -> float:
-    """c: one draft step's time over the rest of a round (target verify and everything else), as measured."""
-    draft_step_s = counts["draft_s"] / max(counts["drafted"], 1)
-    round_rest_s = (counts["verify_s"] + counts["other_s"]) / max(counts["rounds"], 1)
+    """c: one draft step's time over the rest of a round (target verify and everything else), as measured;
+    nan when nothing was drafted (every answer ended at its first token)."""
+    if not counts["rounds"] or not counts["drafted"]:
+        return float("nan")
+    draft_step_s = counts["draft_s"] / counts["drafted"]
+    round_rest_s = (counts["verify_s"] + counts["other_s"]) / counts["rounds"]
     return draft_step_s / round_rest_s
 
 

@@ -1,5 +1,7 @@
 """The serving gamma: the most expected tokens per unit of time for a measured acceptance and step cost."""
 
+import math
+
 import pytest
 
 from eval.acceptance import draft_cost_ratio, expected_tokens_per_round, recommended_gamma
@@ -36,3 +38,4 @@ def test_more_acceptance_never_shortens_gamma_and_a_dearer_draft_never_lengthens
 def test_the_cost_ratio_is_a_draft_step_over_the_rest_of_a_round():
     counts = {"draft_s": 3.0, "drafted": 300, "verify_s": 8.0, "other_s": 2.0, "rounds": 100}
     assert draft_cost_ratio(counts) == pytest.approx(0.01 / 0.1)
+    assert math.isnan(draft_cost_ratio({**counts, "rounds": 0, "drafted": 0}))

@@ -10,6 +10,7 @@ import copy
 import hashlib
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -295,6 +296,8 @@ class Pipeline:
         """The gamma that suits this draft on this machine (its acceptance and measured step cost), and the
         trained draft measured there too when it differs from the configured one."""
         cost_ratio = draft_cost_ratio(after["counts"])
+        if math.isnan(cost_ratio):  # no round was run: nothing to choose a gamma from
+            return
         gamma = recommended_gamma(after["token_acceptance"], cost_ratio, self.cfg.decode.max_gamma)
         self.summary.update(recommended_gamma=gamma, draft_cost_ratio=cost_ratio)
         if not self.cfg.eval.at_recommended_gamma:
