@@ -13,25 +13,44 @@ from __future__ import annotations
 import json
 import logging
 import math
+import sys
 import threading
 import time
 from functools import partial
 from pathlib import Path
 
+from dataclasses import dataclass, field
+from typing import List
+
 import hydra
 import torch
+from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 from transformers import GenerationConfig
 
-from decode.models import ModelSpec
+from decode.config import DecodeConfig, PairConfig
+from decode.errors import SpecdraftError
 from decode.pair import ModelPair, load_pair
 from decode.sampling import SamplingParams
-from decode.settings import gamma_policy, sampling_params
 from decode.speculative import GammaPolicy
 from distill.data import load_prompts
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class BenchConfig:
+    pair: PairConfig = field(default_factory=PairConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    prompts_per_domain: int = 2  # held-out prompts of each shipped domain, through the chat template
+    domains: List[str] = field(default_factory=lambda: ["code", "math", "translation", "chat", "summarization"])
+    max_new_tokens: int = 128
+    temperatures: List[float] = field(default_factory=lambda: [0.0, 0.7])
+    cost_context: int = 256  # context length for the draft/target step-cost ratio c
+
+
+ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
 
 
 class PeakMemory:
@@ -127,11 +146,10 @@ def _ours(decoder, prompt, sampling, max_new_tokens, policy):
     return decoder.generate([prompt], max_new_tokens, sampling, policy)
 
 
-def run_benchmark(cfg: DictConfig, pair: ModelPair, prompt_ids: list[list[int]]) -> dict:
+def run_benchmark(cfg: BenchConfig, pair: ModelPair, prompt_ids: list[list[int]]) -> dict:
     device = next(pair.target.parameters()).device
     decoder = pair.decoder()
-    fixed: GammaPolicy = gamma_policy(cfg.decode, dynamic=False)
-    dynamic: GammaPolicy = gamma_policy(cfg.decode, dynamic=True)
+    fixed, dynamic = cfg.decode.gamma_policy(dynamic=False), cfg.decode.gamma_policy(dynamic=True)
     configure_assistant(pair.draft, fixed.gamma)
     target_step = step_seconds(decoder.target, cfg.cost_context)
     draft_step = step_seconds(decoder.draft, cfg.cost_context)
@@ -142,7 +160,7 @@ def run_benchmark(cfg: DictConfig, pair: ModelPair, prompt_ids: list[list[int]])
               "c": draft_step / target_step, "by_temperature": {}}
 
     for temperature in cfg.temperatures:
-        modes = benchmark_modes(pair, decoder, sampling_params(cfg.decode, temperature=temperature),
+        modes = benchmark_modes(pair, decoder, cfg.decode.sampling(temperature),
                                 cfg.max_new_tokens, fixed, dynamic)
         for run in modes.values():  # warm-up: first calls allocate and pick kernels
             run(prompt_ids[0][:16])
@@ -213,11 +231,15 @@ def format_table(report: dict) -> str:
 
 @hydra.main(config_path="../conf", config_name="bench", version_base=None)
 def main(cfg: DictConfig) -> None:
-    pair = load_pair(ModelSpec.from_config(cfg.pair.target), ModelSpec.from_config(cfg.pair.draft),
-                     cfg.pair.check_chat_template)
-    texts = [prompt.text for domain in cfg.domains
-             for prompt in load_prompts(domain, "heldout")[: cfg.prompts_per_domain]]
-    report = run_benchmark(cfg, pair, pair.encode_chat(texts))
+    config: BenchConfig = OmegaConf.to_object(cfg)
+    try:
+        pair = load_pair(config.pair.target, config.pair.draft, config.pair.check_chat_template)
+        texts = [prompt.text for domain in config.domains
+                 for prompt in load_prompts(domain, "heldout")[: config.prompts_per_domain]]
+    except SpecdraftError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
+    report = run_benchmark(config, pair, pair.encode_chat(texts))
     print(format_table(report))
     path = Path(HydraConfig.get().runtime.output_dir) / "bench.json"
     path.write_text(json.dumps(report, indent=2))

@@ -22,13 +22,17 @@ class DecodeMetrics:
     sequences: int = 0
     tokens: int = 0  # new tokens emitted (bonus and resampled tokens included)
     rounds: int = 0  # row-rounds: one per unfinished row per speculative round (per step for AR)
+    # Per row and round the draft proposes min(gamma, the row's remaining budget, 1 + its first EOS) tokens,
+    # as a serving engine's draft stops there; accepted counts only those.
     drafted: int = 0
     accepted: int = 0
-    rejected: int = 0  # row-rounds that ended in a rejection (the others accepted all gamma tokens)
+    rejected: int = 0  # row-rounds whose acceptance test failed among the proposed tokens
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
+    rounds_per_gamma: list[int] = field(default_factory=list)  # row-rounds at each policy gamma (AR steps at 0)
     ttft_s: float = 0.0  # summed over calls
-    draft_s: float = 0.0  # draft forwards (its prefill included)
+    draft_prefill_s: float = 0.0  # the draft's prompt forward: like ttft, not a per-round cost
+    draft_s: float = 0.0  # draft steps in the rounds: forwards and sampling
     verify_s: float = 0.0  # target forwards after the prefill (the AR steps count here too)
     total_s: float = 0.0
 
@@ -62,12 +66,12 @@ class DecodeMetrics:
 
     @property
     def other_s(self) -> float:
-        """Time outside the model forwards and the prefill: sampling, accept/reject, bookkeeping."""
-        return max(self.total_s - self.ttft_s - self.draft_s - self.verify_s, 0.0)
+        """Time outside the timed phases: the target's sampling, accept/reject, bookkeeping."""
+        return max(self.total_s - self.ttft_s - self.draft_prefill_s - self.draft_s - self.verify_s, 0.0)
 
     @property
     def overhead_share(self) -> float:
-        """Share of the decode time (after the first token) spent outside model forwards."""
+        """Share of the decode time (after the first token) spent outside the timed phases."""
         decode_s = self.total_s - self.ttft_s
         return self.other_s / decode_s if decode_s > 0 else float("nan")
 

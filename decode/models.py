@@ -16,14 +16,14 @@ import importlib.util
 import logging
 import os
 import re
-import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from decode.errors import PairError
+from decode.files import published
 from decode.hf_runner import HFRunner
 from decode.native import NativeLlamaRunner, native_unsupported_reason
 from decode.runner import CausalLMRunner
@@ -31,10 +31,6 @@ from decode.runner import CausalLMRunner
 log = logging.getLogger(__name__)
 
 BACKENDS = ("auto", "native", "transformers")
-
-
-class PairError(ValueError):
-    """A target/draft pair that cannot be used; the message says what to change."""
 
 
 @dataclass
@@ -48,15 +44,6 @@ class ModelSpec:
     backend: str = "auto"  # auto: native for Llama-family models, transformers otherwise
     revision: str | None = None
     trust_remote_code: bool = False
-
-    @classmethod
-    def from_config(cls, config) -> "ModelSpec":
-        known = cls.__dataclass_fields__
-        values = dict(config)
-        unknown = sorted(set(values) - set(known))
-        if unknown:
-            raise PairError(f"unknown model setting(s) {unknown}; known: {sorted(known)}")
-        return cls(**values)
 
 
 def resolve_device(name: str) -> torch.device:
@@ -146,16 +133,9 @@ def _gguf_as_safetensors(directory: str, gguf_file: str) -> Path:
     # the de-quantized weights are plain tensors now; the GGUF quantizer would refuse to save them
     del model.config.quantization_config
     model.hf_quantizer = None
-    converted.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=converted.parent, prefix=".tmp-"))
-    try:
+    with published(converted, directory=True) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        os.replace(staging, converted)
-    except OSError:
-        shutil.rmtree(staging, ignore_errors=True)
-        if not (converted / "config.json").is_file():  # another process may have won the race
-            raise
     return converted
 
 
@@ -167,14 +147,20 @@ def _tiny_random_dir() -> Path:
     if not (directory / "config.json").is_file():
         from decode.tiny import save_tiny_target
 
-        directory.parent.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".tmp-"))
-        save_tiny_target(staging)
-        try:
-            os.replace(staging, directory)
-        except OSError:  # written meanwhile by another process
-            shutil.rmtree(staging, ignore_errors=True)
+        with published(directory, directory=True) as staging:
+            save_tiny_target(staging)
     return directory
+
+
+def model_fingerprint(spec: ModelSpec) -> str:
+    """What identifies a model's weights: the content of a local file or directory, or hub id@revision."""
+    if spec.path == TINY_RANDOM:
+        return "tiny-random-v1"
+    directory, gguf_file = locate(spec)
+    path = Path(directory, gguf_file) if gguf_file else Path(directory)
+    if path.exists():
+        return content_fingerprint(path)
+    return f"{spec.path}@{spec.revision or 'main'}"
 
 
 def model_source(spec: ModelSpec) -> tuple[str, dict]:

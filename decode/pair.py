@@ -9,7 +9,8 @@ from dataclasses import dataclass
 
 import torch
 
-from decode.models import ModelSpec, PairError, derive_draft, fresh_draft, load_model, load_tokenizer, make_runner
+from decode.errors import PairError
+from decode.models import ModelSpec, derive_draft, fresh_draft, load_model, load_tokenizer, make_runner
 from decode.speculative import SpeculativeDecoder
 
 log = logging.getLogger(__name__)

@@ -1,10 +1,11 @@
 """Speculative sampling that keeps the target's distribution exactly.
 
 One round for every unfinished row: the draft proposes gamma tokens x_1..x_g
-with probabilities q, the target scores all of them in one forward (p at g + 1
-positions), x_i is accepted with probability min(1, p(x_i) / q(x_i)), the first
-rejected position is resampled from norm(max(0, p - q)), and when all g are
-accepted a bonus token is drawn from the target's last distribution. Rows
+(never more than the most any row may still emit) with probabilities q, the
+target scores all of them in one forward (p at g + 1 positions), x_i is
+accepted with probability min(1, p(x_i) / q(x_i)), the first rejected position
+is resampled from norm(max(0, p - q)), and when all g are accepted a bonus
+token is drawn from the target's last distribution. Rows
 advance by their own accepted counts; the caches roll back by logical length.
 
 Cache invariants between rounds, per row, with `length` tokens known:
@@ -66,7 +67,8 @@ class GammaPolicy:
     """How many tokens the draft proposes per round.
 
     Dynamic: one more after a round every row accepted fully, one fewer after
-    a round whose rows accepted less than half on average, within [min, max].
+    a round whose rows accepted less than half on average, within [min, max];
+    a round the budgets shortened below gamma leaves it as it is.
     """
 
     gamma: int = 5
@@ -140,12 +142,14 @@ class SpeculativeDecoder:
             started = timer.start()
             self.draft.reset(state.batch, state.capacity)
             state.prefill_draft()
-            timer.add("draft", started)
+            timer.add("draft_prefill", started)
         current_gamma = gamma.gamma if speculative else 0
         while state.any_active:
             if speculative:
+                uncut = state.largest_remaining >= current_gamma
                 accepted = state.speculative_round(current_gamma, sampling, timer)
-                current_gamma = gamma.next(current_gamma, accepted)
+                if uncut:  # a round shortened by the budget tells nothing about a longer gamma
+                    current_gamma = gamma.next(current_gamma, accepted)
             else:
                 state.autoregressive_step(sampling, timer)
         timer.add("total", began)
@@ -185,12 +189,14 @@ class _Batch:
         self.active = torch.ones(self.batch, dtype=torch.bool, device=device)
         self.stopped_by_eos = torch.zeros(self.batch, dtype=torch.bool, device=device)
         self.lengths_host = list(self.prompt_lengths)
+        self.remaining_host = list(budgets)
         self.active_host = [True] * self.batch
         self.generator = torch.Generator(device=device).manual_seed(seed)
-        self.metrics = DecodeMetrics(calls=1, sequences=self.batch,
-                                     drafted_per_position=[0] * largest_gamma,
-                                     accepted_per_position=[0] * largest_gamma)
-        self.accepted_per_position = torch.zeros(max(largest_gamma, 1), dtype=torch.long, device=device)
+        self.metrics = DecodeMetrics(calls=1, sequences=self.batch, rounds_per_gamma=[0] * (largest_gamma + 1))
+        # summed on the device, read once in result()
+        self.drafted_per_position = torch.zeros(largest_gamma, dtype=torch.long, device=device)
+        self.accepted_per_position = torch.zeros(largest_gamma, dtype=torch.long, device=device)
+        self.rejected = torch.zeros(1, dtype=torch.long, device=device)
         self.record_top_k = record_top_k
         self.recorded: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: ids, log-probs [B, k]
 
@@ -203,6 +209,11 @@ class _Batch:
     @property
     def any_active(self) -> bool:
         return any(self.active_host)
+
+    @property
+    def largest_remaining(self) -> int:
+        """The most tokens an active row may still emit."""
+        return max(remaining for remaining, active in zip(self.remaining_host, self.active_host) if active)
 
     def _kv_len(self, ahead: int) -> int:
         return min(max(self.lengths_host) + ahead, self.capacity)
@@ -229,12 +240,19 @@ class _Batch:
         timer.add("verify", started)
         self._record(logits[:, 0])
         next_tokens = sample(probs_from_logits(logits[:, 0], sampling), self.generator)
-        self.metrics.rounds += sum(self.active_host)
+        self._count_round(0)
         self._emit(next_tokens[:, None], torch.ones_like(next_tokens))
 
+    def _count_round(self, gamma: int) -> None:
+        rows = sum(self.active_host)
+        self.metrics.rounds += rows
+        self.metrics.rounds_per_gamma[gamma] += rows
+
     def speculative_round(self, gamma: int, sampling: SamplingParams, timer: PhaseTimer) -> list[int]:
-        kv_len = self._kv_len(gamma + 1)
-        draft_tokens, draft_probs = self._propose(gamma, sampling, kv_len, timer)
+        """One round at the policy's gamma -> the accepted counts of the rows that took part."""
+        drafting = min(gamma, self.largest_remaining)  # no draft step for a token no row may emit
+        kv_len = self._kv_len(drafting + 1)
+        draft_tokens, draft_probs = self._propose(drafting, sampling, kv_len, timer)
 
         started = timer.start()
         start = self.lengths - 1
@@ -244,32 +262,41 @@ class _Batch:
 
         target_probs = probs_from_logits(target_logits, sampling)
         accepted_counts, next_tokens = verify(draft_tokens, draft_probs, target_probs, self.generator)
+        self._count_proposals(draft_tokens, accepted_counts)
         new_tokens = torch.cat([draft_tokens, torch.zeros_like(next_tokens)[:, None]], dim=1)
         new_tokens.scatter_(1, accepted_counts[:, None], next_tokens[:, None])
-        accepted_counts = accepted_counts * self.active
-        positions = torch.arange(gamma, device=self.tokens.device)
-        self.accepted_per_position[:gamma] += (accepted_counts[:, None] > positions).sum(0)
         was_active = list(self.active_host)
+        self._count_round(gamma)
         accepted_host = self._emit(new_tokens, accepted_counts + 1, extra=accepted_counts)
+        return [n for n, active in zip(accepted_host, was_active) if active]
 
-        accepted_active = [n for n, active in zip(accepted_host, was_active) if active]
-        self.metrics.rounds += len(accepted_active)
-        self.metrics.drafted += gamma * len(accepted_active)
-        self.metrics.accepted += sum(accepted_active)
-        self.metrics.rejected += sum(n < gamma for n in accepted_active)
-        for position in range(gamma):
-            self.metrics.drafted_per_position[position] += len(accepted_active)
-        return accepted_active
+    def _count_proposals(self, draft_tokens: torch.Tensor, accepted_counts: torch.Tensor) -> None:
+        """Counts as a serving engine keeps them: its draft stops at EOS and at the row's budget.
+
+        A row proposes min(gamma, remaining budget, 1 + first EOS among the draft tokens) tokens, accepts
+        at most those, and is rejected only when the acceptance test failed among them.
+        """
+        drafting = draft_tokens.shape[1]
+        is_eos = torch.isin(draft_tokens, self.decoder.eos)
+        until_eos = torch.where(is_eos.any(-1), is_eos.long().argmax(-1) + 1, drafting)
+        drafted = torch.minimum(until_eos, self.budgets - self.generated) * self.active
+        accepted = torch.minimum(accepted_counts, drafted)
+        positions = torch.arange(drafting, device=draft_tokens.device)
+        self.drafted_per_position[:drafting] += (drafted[:, None] > positions).sum(0)
+        self.accepted_per_position[:drafting] += (accepted[:, None] > positions).sum(0)
+        self.rejected += (accepted_counts < drafted).sum()
 
     def _propose(self, gamma: int, sampling: SamplingParams, kv_len: int, timer: PhaseTimer):
-        """Draft gamma tokens per row -> tokens [B, gamma], their distributions q [B, gamma, V]."""
+        """Draft gamma tokens per row -> tokens [B, gamma], their distributions q [B, gamma, V].
+
+        The draft's sampling is part of its time: a step costs its forward and its draw.
+        """
+        started = timer.start()
         draft = self.decoder.draft
         start = self.lengths - 2
         catch_up = self.tokens.gather(1, start[:, None] + torch.arange(2, device=start.device))
         last = torch.ones(self.batch, 1, dtype=torch.long, device=start.device)
-        started = timer.start()
         logits = draft.forward(catch_up, start, kv_len, logits_at=last)
-        timer.add("draft", started)
         tokens, probs = [], []
         for step in range(gamma):
             step_probs = probs_from_logits(logits[:, -1], sampling)
@@ -277,9 +304,8 @@ class _Batch:
             tokens.append(step_tokens)
             probs.append(step_probs)
             if step < gamma - 1:
-                started = timer.start()
                 logits = draft.forward(step_tokens[:, None], self.lengths + step, kv_len)
-                timer.add("draft", started)
+        timer.add("draft", started)
         return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
 
     def _emit(self, new_tokens: torch.Tensor, proposed: torch.Tensor, extra: torch.Tensor | None = None):
@@ -301,14 +327,20 @@ class _Batch:
         rows = [counts, self.active.long()] + ([extra] if extra is not None else [])
         host = torch.stack(rows).tolist()
         self.lengths_host = [length + count for length, count in zip(self.lengths_host, host[0])]
+        self.remaining_host = [remaining - count for remaining, count in zip(self.remaining_host, host[0])]
         self.active_host = [bool(flag) for flag in host[1]]
         self.metrics.tokens += sum(host[0])
         return host[2] if extra is not None else None
 
     def result(self, timer: PhaseTimer) -> Generation:
         metrics = self.metrics
-        metrics.accepted_per_position = self.accepted_per_position.tolist()[: len(metrics.drafted_per_position)]
+        gamma = len(self.drafted_per_position)
+        counts = torch.cat([self.drafted_per_position, self.accepted_per_position, self.rejected]).tolist()
+        metrics.drafted_per_position, metrics.accepted_per_position = counts[:gamma], counts[gamma: 2 * gamma]
+        metrics.drafted, metrics.accepted = sum(metrics.drafted_per_position), sum(metrics.accepted_per_position)
+        metrics.rejected = counts[-1]
         metrics.ttft_s = timer.seconds("ttft")
+        metrics.draft_prefill_s = timer.seconds("draft_prefill")
         metrics.draft_s = timer.seconds("draft")
         metrics.verify_s = timer.seconds("verify")
         metrics.total_s = timer.seconds("total")

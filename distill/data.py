@@ -15,14 +15,14 @@ from pathlib import Path
 import datasets
 import torch
 
+from decode.errors import PromptError
+from distill.config import DomainConfig
+
 log = logging.getLogger(__name__)
 
 SHIPPED_DIR = Path(__file__).parent / "prompts"
-SPLITS = ("train", "heldout")
-
-
-class PromptError(ValueError):
-    """A prompt source that cannot be used; the message names the file, line and fix."""
+# validation tunes knobs and drives the training-time metric; heldout is only ever evaluated
+SPLITS = ("train", "validation", "heldout")
 
 
 @dataclass(frozen=True)
@@ -30,6 +30,13 @@ class Prompt:
     id: str
     text: str
     split: str
+
+
+@dataclass(frozen=True)
+class DomainPrompts:
+    train: list[Prompt]
+    validation: list[Prompt]
+    heldout: list[Prompt]
 
 
 def shipped_domains() -> list[str]:
@@ -136,16 +143,18 @@ def collate(examples: list[Example], pad_token_id: int) -> dict:
             "target_ids": target_ids, "target_logprobs": target_logprobs}
 
 
-def load_domain_prompts(domain_cfg, seed: int = 0) -> tuple[list[Prompt], list[Prompt]]:
-    """The domain's (train, heldout) prompts from its configured source, checked before any model work.
+def load_domain_prompts(domain_cfg: DomainConfig) -> DomainPrompts:
+    """The domain's train, validation and held-out prompts from its configured source, checked before any
+    model work.
 
-    source: shipped (the JSONL sets in distill/prompts), jsonl or parquet (a local file),
-    hf (a Hugging Face dataset id, loaded with `datasets`). `fields` maps prompt/split/id
-    to the source's column names; without a split column, heldout_fraction of the prompts
-    (chosen by a hash of their id, so stable across runs) is held out.
+    source: shipped (the JSONL sets in distill/prompts, split by template), jsonl or parquet (a local
+    file), hf (a Hugging Face dataset id, loaded with `datasets`). `fields` maps prompt/split/id to the
+    source's column names. Without a heldout split, heldout_fraction of the prompts is held out; without
+    a validation split, the same fraction of the training prompts becomes validation (both chosen by a
+    hash of the id, so stable across runs).
     """
     source = domain_cfg.source
-    fields = domain_cfg.get("fields") or {}
+    fields = domain_cfg.fields or {}
     prompt_field, split_field, id_field = (fields.get("prompt", "prompt"), fields.get("split", "split"),
                                            fields.get("id", "id"))
     if source == "shipped":
@@ -157,13 +166,14 @@ def load_domain_prompts(domain_cfg, seed: int = 0) -> tuple[list[Prompt], list[P
     else:
         raise PromptError(f"domain {domain_cfg.name}: source must be shipped, jsonl, parquet or hf, got {source!r}")
     if not any(p.split == "heldout" for p in prompts):
-        prompts = _hash_split(prompts, domain_cfg.get("heldout_fraction", 0.2))
-    train = [p for p in prompts if p.split == "train"]
-    heldout = [p for p in prompts if p.split == "heldout"]
-    if not train or not heldout:
-        raise PromptError(f"domain {domain_cfg.name}: need both train and heldout prompts, "
-                          f"got {len(train)} and {len(heldout)}")
-    return train, heldout
+        prompts = _hash_split(prompts, domain_cfg.heldout_fraction, "train", "heldout")
+    if not any(p.split == "validation" for p in prompts):
+        prompts = _hash_split(prompts, domain_cfg.heldout_fraction, "train", "validation", salt="validation")
+    split = DomainPrompts(*([p for p in prompts if p.split == name] for name in SPLITS))
+    if not split.train or not split.validation or not split.heldout:
+        raise PromptError(f"domain {domain_cfg.name}: need train, validation and heldout prompts, got "
+                          f"{len(split.train)}, {len(split.validation)} and {len(split.heldout)}")
+    return split
 
 
 def _existing_file(path) -> Path:
@@ -181,7 +191,7 @@ def _table_prompts(domain_cfg, prompt_field: str, split_field: str, id_field: st
         table, where = datasets.Dataset.from_parquet(str(path)), str(path)
     else:
         where = f"dataset {domain_cfg.path}"
-        table = datasets.load_dataset(domain_cfg.path, split=domain_cfg.get("hf_split", "train"))
+        table = datasets.load_dataset(domain_cfg.path, split=domain_cfg.hf_split)
     if prompt_field not in table.column_names:
         raise PromptError(f"{where}: no column {prompt_field!r} (columns: {table.column_names}); "
                           f"set domain.fields.prompt")
@@ -199,12 +209,14 @@ def _table_prompts(domain_cfg, prompt_field: str, split_field: str, id_field: st
     return prompts
 
 
-def _hash_split(prompts: list[Prompt], heldout_fraction: float) -> list[Prompt]:
-    if not 0 < heldout_fraction < 1:
-        raise PromptError(f"heldout_fraction must be in (0, 1), got {heldout_fraction}")
+def _hash_split(prompts: list[Prompt], fraction: float, source_split: str, new_split: str,
+                salt: str = "") -> list[Prompt]:
+    """Move about `fraction` of the prompts of source_split to new_split, chosen by a hash of their id."""
+    if not 0 < fraction < 1:
+        raise PromptError(f"heldout_fraction must be in (0, 1), got {fraction}")
 
-    def held_out(prompt: Prompt) -> bool:
-        digest = hashlib.sha256(prompt.id.encode()).digest()
-        return int.from_bytes(digest[:8], "big") / 2**64 < heldout_fraction
+    def chosen(prompt: Prompt) -> bool:
+        digest = hashlib.sha256((salt + prompt.id).encode()).digest()
+        return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
-    return [Prompt(p.id, p.text, "heldout" if held_out(p) else "train") for p in prompts]
+    return [Prompt(p.id, p.text, new_split) if p.split == source_split and chosen(p) else p for p in prompts]

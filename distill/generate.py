@@ -12,15 +12,13 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
-import shutil
-import tempfile
 from pathlib import Path
 
 import datasets
 import torch
 from tqdm.auto import tqdm
 
+from decode.files import published
 from decode.models import cache_root
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
@@ -125,13 +123,5 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
 
 
 def save_dataset_atomically(dataset: datasets.Dataset, directory: Path) -> None:
-    directory.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=directory.parent, prefix=".tmp-"))
-    try:
+    with published(directory, directory=True) as staging:
         dataset.save_to_disk(str(staging))
-        if directory.exists():  # a stale copy from an interrupted run of another version
-            shutil.rmtree(directory)
-        os.replace(staging, directory)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise

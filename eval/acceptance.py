@@ -39,8 +39,9 @@ def expected_tokens_per_round(token_acceptance: float, gamma: int) -> float:
 
 
 def draft_cost_ratio(counts: dict) -> float:
-    """c: one draft step's time over the rest of a round (target verify and everything else), as measured;
-    nan when nothing was drafted (every answer ended at its first token)."""
+    """c: the draft's time per drafted token over the rest of a round per row-round (target verify and
+    everything else), as measured; both prefills are left out. nan when nothing was drafted (every answer
+    ended at its first token)."""
     if not counts["rounds"] or not counts["drafted"]:
         return float("nan")
     draft_step_s = counts["draft_s"] / counts["drafted"]
@@ -48,12 +49,15 @@ def draft_cost_ratio(counts: dict) -> float:
     return draft_step_s / round_rest_s
 
 
-def recommended_gamma(token_acceptance: float, cost_ratio: float, max_gamma: int = 8) -> int:
-    """The gamma with the most expected tokens per unit of time: argmax (1 + a + ... + a^g) / (1 + g c).
+def recommended_gamma(token_acceptance: float, cost_ratio: float, *, min_gamma: int = 1, max_gamma: int = 8) -> int:
+    """The gamma in [min_gamma, max_gamma] with the most expected tokens per unit of time:
+    argmax (1 + a + ... + a^g) / (1 + g c).
 
     This is the improvement factor of Leviathan et al. (2023) with c measured on the machine at hand. With
     a cheap draft (c = 0.05) it is close to the seed's rule of thumb (3 at a = 0.45, 4 at 0.6, 8 at 0.8); an
     expensive draft with a modest acceptance is best run with a short gamma.
     """
-    return max(range(1, max_gamma + 1),
+    if not 1 <= min_gamma <= max_gamma:
+        raise ValueError(f"need 1 <= min_gamma <= max_gamma, got {min_gamma} and {max_gamma}")
+    return max(range(min_gamma, max_gamma + 1),
                key=lambda gamma: expected_tokens_per_round(token_acceptance, gamma) / (1 + gamma * cost_ratio))

@@ -7,9 +7,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from decode.export import ExportError, ServingTarget, check_tokenizer, replace_directory, serving_copy, \
-    serving_flags, staging_directory, write_serving_files
-from decode.models import PairError
+from decode.errors import ExportError
+from decode.files import published
+from decode.serving.engines import ServingTarget, serving_flags, write_serving_files
+from decode.serving.formats import check_tokenizer, serving_copy
 from decode.tiny import tiny_llama, tiny_tokenizer
 
 
@@ -26,7 +27,8 @@ def test_serving_flags_parse_and_name_the_paths(tmp_path):
     assert sglang[sglang.index("--speculative-draft-model-path") + 1] == str(draft_dir)
     assert sglang[sglang.index("--speculative-num-draft-tokens") + 1] == "5"
     llama = shlex.split((tmp_path / "serving" / "llama_cpp.sh").read_text().splitlines()[1])
-    assert llama[llama.index("-md") + 1] == str(gguf) and llama[llama.index("--draft-max") + 1] == "4"
+    assert llama[llama.index("-md") + 1] == str(gguf) and llama[llama.index("--spec-draft-n-max") + 1] == "4"
+    assert "--draft-max" not in llama and "--draft-min" not in llama  # removed from current llama-server
     for line in (vllm_line, sglang, llama):  # servers we describe listen on loopback only
         assert line[line.index("--host") + 1] == "127.0.0.1"
 
@@ -34,26 +36,41 @@ def test_serving_flags_parse_and_name_the_paths(tmp_path):
 def test_a_different_tokenizer_in_the_export_is_refused(tmp_path):
     other = tiny_tokenizer(extra_tokens=2)
     other.save_pretrained(tmp_path)
-    with pytest.raises(PairError, match="does not behave like the target's"):
+    with pytest.raises(ExportError, match="does not behave like the target's"):
         check_tokenizer(tmp_path, tiny_tokenizer())
     tiny_tokenizer().save_pretrained(tmp_path / "same")
     check_tokenizer(tmp_path / "same", tiny_tokenizer())
 
 
-def test_replacing_an_export_keeps_the_old_one_until_the_new_one_is_whole(tmp_path):
+def test_replacing_a_directory_keeps_the_old_one_until_the_new_one_is_whole(tmp_path):
     destination = tmp_path / "export"
     destination.mkdir()
     (destination / "old.txt").write_text("old")
-    staging = staging_directory(destination)
-    (staging / "new.txt").write_text("new")
-    with pytest.raises(ExportError, match="overwrite"):
-        replace_directory(staging, destination, overwrite=False)
-    assert (destination / "old.txt").read_text() == "old"
-    staging = staging_directory(destination)
-    (staging / "new.txt").write_text("new")
-    replace_directory(staging, destination, overwrite=True)
+    with pytest.raises(FileExistsError):
+        with published(destination, directory=True, overwrite=False) as staging:
+            (staging / "new.txt").write_text("new")
+    with pytest.raises(RuntimeError, match="midway"):
+        with published(destination, directory=True) as staging:
+            (staging / "new.txt").write_text("new")
+            assert (destination / "old.txt").read_text() == "old"  # still there while the new one is written
+            raise RuntimeError("midway")
+    assert sorted(p.name for p in destination.iterdir()) == ["old.txt"]
+    with published(destination, directory=True) as staging:
+        (staging / "new.txt").write_text("new")
     assert sorted(p.name for p in destination.iterdir()) == ["new.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["export"]  # no staging or retired copies left
+
+
+def test_a_published_file_is_whole_or_absent(tmp_path):
+    path = tmp_path / "summary.json"
+    with pytest.raises(OSError):
+        with published(path) as staging:
+            staging.write_text("{half")
+            raise OSError("killed")
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    with published(path) as staging:
+        staging.write_text("{}")
+    assert path.read_text() == "{}" and oct(path.stat().st_mode & 0o777) == "0o644"
 
 
 def test_a_pruned_draft_is_served_with_an_untied_head_whose_pruned_rows_are_zero():
@@ -69,32 +86,64 @@ def test_a_pruned_draft_is_served_with_an_untied_head_whose_pruned_rows_are_zero
     assert head[[1, 5, 7]].abs().sum() > 0 and head[[0, 2, 3, 4, 6]].abs().sum() == 0
 
 
-def test_a_failed_export_leaves_the_previous_one_intact(tmp_path, monkeypatch):
+def export_run(tmp_path, stages, overrides=()):
+    """A tiny run of the pipeline in-process: (pipeline, summary)."""
     from accelerate import Accelerator
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    import train.export_stage
+    from train import config as train_config
+    from train.config import LoggerConfig
     from train.pipeline import Pipeline
     from train.tracking import Tracker
 
+    train_config.register()
     GlobalHydra.instance().clear()
     with initialize_config_dir(config_dir=str(Path(__file__).resolve().parents[1] / "conf"), version_base=None):
         cfg = compose(config_name="train", overrides=["+domain=chat", "+debug=tiny", f"run_dir={tmp_path / 'run'}",
-                                                      "stages=[generate,train,export]", "export.overwrite=true",
-                                                      "export.verify_prompts=1"])
+                                                      f"stages=[{','.join(stages)}]", "export.overwrite=true",
+                                                      "export.verify_prompts=1", *overrides])
     GlobalHydra.instance().clear()
-    tracker = Tracker({"mode": "disabled"}, tmp_path, {}, "test")
-    Pipeline(cfg, Accelerator(cpu=True), tracker, tmp_path / "run").run()
+    config = train_config.load(cfg)
+    tracker = Tracker(LoggerConfig(mode="disabled"), tmp_path, {}, "test")
+    pipeline = Pipeline(config, Accelerator(cpu=True), tracker, tmp_path / "run", train_config.as_dict(config))
+    return pipeline, pipeline.run()
+
+
+def test_a_failed_export_leaves_the_previous_one_intact(tmp_path, monkeypatch):
+    import decode.serving.stage
+
+    export_run(tmp_path, ["generate", "train", "export"])
     export = tmp_path / "run" / "export"
     before = {path.name: path.read_bytes() for path in export.rglob("*") if path.is_file()}
 
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(train.export_stage, "write_gguf", broken)
-    cfg.stages = ["export"]
+    monkeypatch.setattr(decode.serving.stage, "write_gguf", broken)
     with pytest.raises(OSError, match="disk full"):
-        Pipeline(cfg, Accelerator(cpu=True), tracker, tmp_path / "run").run()
+        export_run(tmp_path, ["export"])
     assert {path.name: path.read_bytes() for path in export.rglob("*") if path.is_file()} == before
-    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith(".tmp")]
+    assert not [p for p in (tmp_path / "run").iterdir() if p.name.startswith((".tmp", ".old"))]
+
+
+def test_a_failed_round_trip_is_a_mismatch_not_a_configuration_error(tmp_path, monkeypatch):
+    import decode.serving.stage
+    from decode.errors import ConfigError, ExportMismatch
+
+    export_run(tmp_path, ["generate", "train"], ["export.gguf=false"])
+    real_load = decode.serving.stage.load_model
+
+    def perturbed(spec):  # the exported copy reads back with other weights
+        model = real_load(spec)
+        if "export" in spec.path or ".tmp-" in spec.path:
+            with torch.no_grad():
+                for parameter in model.parameters():
+                    parameter.add_(torch.randn_like(parameter))
+        return model
+
+    monkeypatch.setattr(decode.serving.stage, "load_model", perturbed)
+    with pytest.raises(ExportMismatch, match="decodes differently") as error:
+        export_run(tmp_path, ["export"], ["export.gguf=false"])
+    assert not isinstance(error.value, ConfigError) and error.value.exit_code != ConfigError.exit_code
+    assert not (tmp_path / "run" / "export").exists() and (tmp_path / "run" / "draft" / "config.json").is_file()

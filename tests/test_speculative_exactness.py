@@ -3,16 +3,18 @@
 On a 4-token vocabulary the target's distribution over the next 4 tokens has
 256 outcomes that can be computed exactly; 24k speculative samples must pass a
 chi-square test against it, and a wrong acceptance rule must fail the same test.
+Dynamic gamma is tested on 5 new tokens (1024 outcomes) decoded a few rows at a time.
 """
 
+import contextlib
 import copy
-import itertools
 
 import pytest
 import torch
 from scipy.stats import chisquare
 
 import decode.speculative as speculative
+from decode.metrics import DecodeMetrics
 from decode.native import NativeLlamaRunner
 from decode.sampling import SamplingParams, probs_from_logits
 from decode.speculative import GammaPolicy, SpeculativeDecoder
@@ -20,6 +22,8 @@ from decode.tiny import tiny_llama
 
 VOCAB, NEW_TOKENS, SAMPLES = 4, 4, 24_000
 PROMPT = [0, 1, 2]
+# dynamic gamma moves in small batches only; with 5 new tokens it can both shrink and grow within one call
+DYNAMIC_NEW_TOKENS, DYNAMIC_SAMPLES, DYNAMIC_LARGEST_BATCH = 5, 2_000, 12
 
 
 @pytest.fixture(scope="module")
@@ -33,10 +37,10 @@ def models():
     return target, draft
 
 
-def exact_distribution(target, sampling):
-    """{sequence of NEW_TOKENS tokens: probability} under the target after the sampling transform."""
+def exact_distribution(target, sampling, new_tokens=NEW_TOKENS):
+    """{sequence of new_tokens tokens: probability} under the target after the sampling transform."""
     probabilities = {(): 1.0}
-    for _ in range(NEW_TOKENS):
+    for _ in range(new_tokens):
         prefixes = list(probabilities)
         ids = torch.tensor([PROMPT + list(prefix) for prefix in prefixes])
         with torch.no_grad():
@@ -46,27 +50,47 @@ def exact_distribution(target, sampling):
     return probabilities
 
 
-def chi_square_p_value(target, draft, sampling, policy, seed=0):
-    decoder = SpeculativeDecoder(NativeLlamaRunner(target, VOCAB), NativeLlamaRunner(draft, VOCAB), eos_token_ids=[])
-    result = decoder.generate([PROMPT] * SAMPLES, NEW_TOKENS, sampling, policy, seed=seed)
-    exact = exact_distribution(target, sampling)
+def decoder_for(target, draft):
+    draft_runner = None if draft is None else NativeLlamaRunner(draft, VOCAB)
+    return SpeculativeDecoder(NativeLlamaRunner(target, VOCAB), draft_runner, eos_token_ids=[])
+
+
+def chi_square_p_value(sequences, exact):
+    """Chi-square p-value of the sampled sequences against {sequence: probability}."""
+    samples = len(sequences)
     counts = dict.fromkeys(exact, 0)
-    for tokens in result.tokens:
+    for tokens in sequences:
         counts[tuple(tokens)] += 1  # a sequence outside the support raises KeyError: also a failure
     observed, expected, rare_observed, rare_expected = [], [], 0, 0.0
     for sequence, probability in exact.items():
-        if probability * SAMPLES >= 5:
+        if probability * samples >= 5:
             observed.append(counts[sequence])
-            expected.append(probability * SAMPLES)
+            expected.append(probability * samples)
         else:  # cells too small for the chi-square approximation are pooled
             rare_observed += counts[sequence]
-            rare_expected += probability * SAMPLES
+            rare_expected += probability * samples
     if rare_expected > 0:
         observed.append(rare_observed)
         expected.append(rare_expected)
     else:
         assert rare_observed == 0, "sampled a sequence the target gives probability 0"
-    return chisquare(observed, expected).pvalue, result.metrics.alpha
+    return chisquare(observed, expected).pvalue
+
+
+def speculative_p_value(target, draft, sampling, policy, seed=0):
+    result = decoder_for(target, draft).generate([PROMPT] * SAMPLES, NEW_TOKENS, sampling, policy, seed=seed)
+    return chi_square_p_value(result.tokens, exact_distribution(target, sampling)), result.metrics.alpha
+
+
+@contextlib.contextmanager
+def one_thread():
+    """Tiny batches: handing each small op to a second thread costs more than the op."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 SETTINGS = {
@@ -78,26 +102,46 @@ SETTINGS = {
 
 @pytest.mark.parametrize("name", list(SETTINGS))
 def test_speculative_samples_follow_the_target_distribution(models, name):
-    p_value, alpha = chi_square_p_value(*models, SETTINGS[name], GammaPolicy(gamma=2))
+    p_value, alpha = speculative_p_value(*models, SETTINGS[name], GammaPolicy(gamma=2))
     assert 0.3 < alpha < 0.9, "the test needs both acceptances and rejections"
     assert p_value > 1e-3
 
 
 def test_dynamic_gamma_keeps_the_distribution(models):
+    """Gamma grows only after a round every row accepted fully, so the rows are decoded 1 to 12 at a time."""
+    target, draft = models
+    decoder, sampling = decoder_for(target, draft), SETTINGS["temperature 1"]
     policy = GammaPolicy(gamma=2, dynamic=True, min_gamma=1, max_gamma=3)
-    assert chi_square_p_value(*models, SETTINGS["temperature 1"], policy)[0] > 1e-3
+    sequences, metrics, call = [], DecodeMetrics(), 0
+    with one_thread():
+        while len(sequences) < DYNAMIC_SAMPLES:
+            rows = 1 + call % DYNAMIC_LARGEST_BATCH
+            result = decoder.generate([PROMPT] * rows, DYNAMIC_NEW_TOKENS, sampling, policy, seed=call)
+            sequences += result.tokens
+            metrics += result.metrics
+            call += 1
+    shrunk, started, grown = metrics.rounds_per_gamma[1:]
+    assert shrunk > 0 and grown > 0 and started > 0, f"gamma did not move: {metrics.rounds_per_gamma}"
+    assert sum(metrics.rounds_per_gamma) == metrics.rounds
+    assert chi_square_p_value(sequences, exact_distribution(target, sampling, DYNAMIC_NEW_TOKENS)) > 1e-3
 
 
 def test_a_wrong_acceptance_rule_fails_the_same_test(models, monkeypatch):
     """Accepting whenever p(x) >= q(x) (a threshold instead of a coin) biases the output."""
     monkeypatch.setattr(speculative, "acceptance_mask", lambda p, q, u: p >= q)
-    assert chi_square_p_value(*models, SETTINGS["temperature 1"], GammaPolicy(gamma=2))[0] < 1e-3
+    assert speculative_p_value(*models, SETTINGS["temperature 1"], GammaPolicy(gamma=2))[0] < 1e-3
 
 
-def test_exact_distribution_sums_to_one(models):
-    total = sum(exact_distribution(models[0], SETTINGS["temperature 0.7 top-p 0.9"]).values())
-    assert abs(total - 1.0) < 1e-9
-    assert len(list(itertools.product(range(VOCAB), repeat=NEW_TOKENS))) == 256
+def test_the_exact_distribution_is_what_the_target_alone_samples(models):
+    """The reference itself: a distribution, followed by autoregressive samples of the target at the same
+    setting, and told apart from one at another setting."""
+    target = models[0]
+    exact = exact_distribution(target, SETTINGS["temperature 0.7 top-p 0.9"])
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-9)
+    sequences = decoder_for(target, None).generate([PROMPT] * (SAMPLES // 3), NEW_TOKENS,
+                                                   SETTINGS["temperature 0.7 top-p 0.9"], seed=1).tokens
+    assert chi_square_p_value(sequences, exact) > 1e-3
+    assert chi_square_p_value(sequences, exact_distribution(target, SETTINGS["temperature 1"])) < 1e-3
 
 
 def test_a_pruned_draft_vocabulary_keeps_the_distribution(models):
@@ -105,7 +149,7 @@ def test_a_pruned_draft_vocabulary_keeps_the_distribution(models):
     target, draft = models
     pruned = copy.deepcopy(draft)
     pruned.config.draft_vocab = [0, 1, 2]
-    p_value, alpha = chi_square_p_value(target, pruned, SETTINGS["temperature 1"], GammaPolicy(gamma=2))
+    p_value, alpha = speculative_p_value(target, pruned, SETTINGS["temperature 1"], GammaPolicy(gamma=2))
     assert p_value > 1e-3
     exact = exact_distribution(target, SETTINGS["temperature 1"])
     assert sum(prob for sequence, prob in exact.items() if 3 in sequence) > 0.05  # token 3 does matter here

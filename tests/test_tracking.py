@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 
 from train import tracking
+from decode.errors import ConfigError
+from train.config import LoggerConfig
 from train.tracking import Tracker, scrub_secrets
 
 REPO = Path(__file__).resolve().parents[1]
@@ -21,8 +23,8 @@ PLANTED_SECRET = "SECRET123"
 
 
 def logger_cfg(mode, **overrides):
-    return {"mode": mode, "project": "specdraft-test", "entity": None, "tags": ["test"], "log_model": True,
-            **overrides}
+    return LoggerConfig(**{"mode": mode, "project": "specdraft-test", "entity": None, "tags": ["test"],
+                           "log_model": True, **overrides})
 
 
 def files_under(path: Path) -> list[Path]:
@@ -88,6 +90,7 @@ def test_disabled_mode_writes_nothing_and_never_imports_wandb(tmp_path):
     run_dir = tmp_path / "run"
     script = textwrap.dedent(f"""
         import pathlib, sys
+        from train.config import LoggerConfig
         from train.tracking import Tracker
         run_dir = pathlib.Path({str(run_dir)!r})
         with Tracker({logger_cfg("disabled")!r}, run_dir, {{"lr": 1}}, "name") as tracker:
@@ -149,7 +152,7 @@ def test_online_without_login_fails_early_and_names_the_ways_out(tmp_path, wandb
         raise AssertionError("wandb.init was called: the missing login must be caught before it")
 
     monkeypatch.setattr(wandb, "init", no_network)
-    with pytest.raises(RuntimeError) as error:
+    with pytest.raises(ConfigError) as error:
         Tracker(logger_cfg("online"), tmp_path / "run", {"lr": 1}, "online-test")
     message = str(error.value)
     assert "wandb login" in message and "WANDB_API_KEY" in message

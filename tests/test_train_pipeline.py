@@ -13,14 +13,16 @@ from accelerate import Accelerator
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
+from decode.errors import ConfigError, PromptError, TrainingDiverged
 from decode.models import ModelSpec
 from decode.pair import load_pair
 from decode.sampling import SamplingParams
-from distill.data import PromptError, examples_from_records, load_domain_prompts, read_jsonl_prompts, \
-    shipped_domains
+from distill.data import examples_from_records, load_domain_prompts, read_jsonl_prompts, shipped_domains
 from distill.generate import answer_prompts, generate_dataset
-from train.pipeline import ConfigError, validate
-from train.recipe import DistillationRecipe, TrainingDiverged, TrainSettings
+from train import config as train_config
+from train.config import LoggerConfig, MethodConfig
+from train.pipeline import run_directory, validate
+from train.recipe import DistillationRecipe
 from train.tracking import Tracker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,10 +31,12 @@ CONF = ROOT / "conf"
 
 @pytest.fixture
 def compose_train():
+    train_config.register()
+
     def compose_with(overrides):
         GlobalHydra.instance().clear()
         with initialize_config_dir(config_dir=str(CONF), version_base=None):
-            return compose(config_name="train", overrides=overrides)
+            return train_config.load(compose(config_name="train", overrides=overrides))
     yield compose_with
     GlobalHydra.instance().clear()
 
@@ -51,8 +55,8 @@ def test_every_domain_composes_with_every_method(compose_train, method):
         validate(cfg)
         assert cfg.domain.name == domain and cfg.method.name == method
         assert (cfg.method.lora is not None) == (method == "lora")
-        train, heldout = load_domain_prompts(cfg.domain)
-        assert len(train) >= 300 and len(heldout) >= 50
+        prompts = load_domain_prompts(cfg.domain)
+        assert len(prompts.train) >= 300 and len(prompts.validation) >= 40 and len(prompts.heldout) >= 100
 
 
 def test_debug_tiny_switches_to_the_tiny_pair(compose_train):
@@ -68,11 +72,37 @@ def test_running_without_a_domain_names_the_domains(compose_train, tmp_path):
     assert "+domain=<name>" in result.stderr
 
 
-def test_impossible_settings_are_refused_before_work(compose_train):
-    for bad in (["method.micro_batch_size=0"], ["decode.dynamic_gamma=true", "decode.min_gamma=9"],
-                ["stages=[train,deploy]"], ["method.on_policy_fraction=1.5"]):
-        with pytest.raises((ConfigError, ValueError)):
-            validate(compose_train(["+domain=code", *bad]))
+@pytest.mark.parametrize("bad, message", [
+    (["method.micro_batch_size=0"], "method.micro_batch_size must be >= 1"),
+    (["decode.dynamic_gamma=true", "decode.min_gamma=9"], "decode: dynamic gamma needs 1 <= min_gamma"),
+    (["stages=[train,deploy]"], "stages must be a non-empty list"),
+    (["method.on_policy_fraction=1.5"], "on_policy_fraction must be in"),
+    (["method.loss=kl"], "method.loss 'kl' is not one of"),
+    (["decode.top_p=0"], "decode: top_p must be in"),
+])
+def test_impossible_settings_are_refused_before_work(compose_train, bad, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(compose_train(["+domain=code", *bad]))
+
+
+def test_mistyped_or_unknown_settings_are_refused_when_composing(compose_train):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException, match="lr"):
+        compose_train(["+domain=code", "method.lr=fast"])
+    with pytest.raises(ConfigCompositionException, match="dtpye"):
+        compose_train(["+domain=code", "pair.target.dtpye=float32"])
+
+
+def test_only_settings_that_shape_the_draft_move_the_run_directory(compose_train):
+    base = run_directory(compose_train(["+domain=code"]))
+    for measuring_only in (["decode.gamma=5"], ["decode.dynamic_gamma=true"], ["eval.max_prompts=64"],
+                           ["export.gguf=false"], ["logger=disabled"], ["stages=[eval]"]):
+        assert run_directory(compose_train(["+domain=code", *measuring_only])) == base, measuring_only
+    for shaping in (["method.lr=0.01"], ["generate.max_train_prompts=10"], ["pair.draft.derive_layers=2"],
+                    ["decode.temperature=1.0"], ["seed=1"], ["+domain=math"]):
+        overrides = shaping if shaping[0].startswith("+domain") else ["+domain=code", *shaping]
+        assert run_directory(compose_train(overrides)) != base, shaping
 
 
 def test_malformed_prompt_files_name_file_line_and_reason(tmp_path):
@@ -110,9 +140,11 @@ def test_user_jsonl_without_splits_is_split_by_a_stable_hash(tmp_path, compose_t
     path.write_text("".join(json.dumps({"question": f"question {i}", "key": f"q{i}"}) + "\n" for i in range(200)))
     cfg = compose_train(["+domain=chat", "domain.source=jsonl", f"domain.path={path}",
                          "domain.fields.prompt=question", "domain.fields.id=key"])
-    train, heldout = load_domain_prompts(cfg.domain)
-    assert len(train) + len(heldout) == 200 and 20 <= len(heldout) <= 60
-    assert load_domain_prompts(cfg.domain) == (train, heldout)
+    prompts = load_domain_prompts(cfg.domain)
+    assert len(prompts.train) + len(prompts.validation) + len(prompts.heldout) == 200
+    assert 20 <= len(prompts.heldout) <= 60 and 10 <= len(prompts.validation) <= 50
+    assert not {p.id for p in prompts.heldout} & {p.id for p in prompts.train + prompts.validation}
+    assert load_domain_prompts(cfg.domain) == prompts
 
 
 # ---- training on the tiny pair -------------------------------------------------------------------
@@ -133,18 +165,18 @@ def tiny_examples(tiny_pair):
 def settings(**overrides):
     base = dict(loss="forward_kl", loss_kwargs={}, lr=3e-3, weight_decay=0.0, warmup_steps=0,
                 epochs=1, max_steps=3, micro_batch_size=2, gradient_accumulation=2, max_grad_norm=1.0,
-                checkpoint_every=100, keep_checkpoints=2, eval_every=100, seed=0)
-    return TrainSettings(**{**base, **overrides})
+                checkpoint_every=100, keep_checkpoints=2, eval_every=100)
+    return MethodConfig(**{**base, **overrides})
 
 
 def make_recipe(pair, examples, tmp_path, draft=None, kept_ids=None, **overrides):
     import copy
 
     draft = draft if draft is not None else copy.deepcopy(pair.draft).float().train()
-    return DistillationRecipe(settings(**overrides), draft, pair.vocab_size, 0, examples, examples[:2],
+    return DistillationRecipe(settings(**overrides), 0, draft, pair.vocab_size, 0, examples, examples[:2],
                               tmp_path / "checkpoints", Accelerator(cpu=True),
-                              Tracker({"mode": "disabled"}, tmp_path, {}, "test"), SamplingParams(temperature=0.7),
-                              kept_ids)
+                              Tracker(LoggerConfig(mode="disabled"), tmp_path, {}, "test"),
+                              SamplingParams(temperature=0.7), kept_ids)
 
 
 def fixed_batch_loss(recipe, examples):
@@ -203,6 +235,34 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(tiny_pair, tiny_exa
     with pytest.raises(TrainingDiverged, match="step 3") as error:
         recipe.train()
     assert "step-00000002" in str(error.value)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001", "step-00000002"]
+
+
+def test_a_non_finite_gradient_with_a_finite_loss_is_never_applied_nor_checkpointed(tiny_pair, tiny_examples,
+                                                                                      tmp_path):
+    recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, max_steps=6, checkpoint_every=1)
+    weight = next(p for p in recipe.draft.parameters() if p.requires_grad)
+    steps = {"n": 0}
+
+    def poison(gradient):  # the loss stays finite; from the third step on, one gradient does not
+        return gradient * float("inf") if steps["n"] >= 2 else gradient
+
+    weight.register_hook(poison)
+    real_step = recipe.optimizer.step
+    applied = {}
+
+    def counted_step(*args, **kwargs):
+        real_step(*args, **kwargs)
+        steps["n"] += 1
+        applied.update({name: value.detach().clone() for name, value in recipe.draft.named_parameters()})
+
+    recipe.optimizer.step = counted_step
+    with pytest.raises(TrainingDiverged, match="gradient norm became .* at step 3") as error:
+        recipe.train()
+    assert "step-00000002" in str(error.value)
+    assert steps["n"] == 2  # the third update never ran
+    for name, value in recipe.draft.named_parameters():
+        assert torch.isfinite(value).all() and torch.equal(value, applied[name]), name
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["step-00000001", "step-00000002"]
 
 

@@ -3,35 +3,35 @@
 import sys
 
 import hydra
+import yaml
 from accelerate import Accelerator
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from decode.export import ExportError
-from decode.models import PairError, resolve_device
-from distill.data import PromptError
-from train.pipeline import ConfigError, Pipeline, format_summary, run_directory, validate
-from train.recipe import TrainingDiverged
-from train.tracking import Tracker
+from decode.errors import SpecdraftError
+from decode.files import write_text
+from decode.models import resolve_device
+from train import config as train_config
+from train.pipeline import Pipeline, format_summary, run_directory, validate
+from train.tracking import Tracker, scrub_secrets
+
+train_config.register()
 
 
 @hydra.main(config_path="../conf", config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
     try:
-        validate(cfg)
-        run_dir = run_directory(cfg)
-        accelerator = Accelerator(cpu=resolve_device(cfg.pair.target.device).type == "cpu")
-        resolved = OmegaConf.to_container(cfg, resolve=True)
+        config = train_config.load(cfg)
+        validate(config)
+        run_dir = run_directory(config)
+        accelerator = Accelerator(cpu=resolve_device(config.pair.target.device).type == "cpu")
+        plain = scrub_secrets(train_config.as_dict(config))
         if accelerator.is_main_process:
-            run_dir.mkdir(parents=True, exist_ok=True)
-            (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(resolved))
-        with Tracker(cfg.logger, run_dir, resolved, run_dir.name, accelerator.is_main_process) as tracker:
-            summary = Pipeline(cfg, accelerator, tracker, run_dir).run()
-    except (ConfigError, PairError, PromptError, ExportError) as error:
+            write_text(run_dir / "config.yaml", yaml.safe_dump(plain, sort_keys=False))
+        with Tracker(config.logger, run_dir, plain, run_dir.name, accelerator.is_main_process) as tracker:
+            summary = Pipeline(config, accelerator, tracker, run_dir, plain).run()
+    except SpecdraftError as error:
         print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
-    except TrainingDiverged as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(3)
+        sys.exit(error.exit_code)
     if accelerator.is_main_process:
         print(format_summary(summary, run_dir))
         print(run_dir.resolve())

@@ -6,8 +6,8 @@ Read top to bottom: draft forward, per-token loss against the recorded
 distributions, masked sum divided by the answer tokens of the whole optimizer
 step (so gradient accumulation and several processes weigh every token the
 same), backward, clip, step. Checkpoints are written atomically and a rerun of
-the same command resumes from the last one; a non-finite loss stops before the
-update is applied.
+the same command resumes from the last one; a non-finite loss or gradient stops
+before the update is applied.
 """
 
 from __future__ import annotations
@@ -15,10 +15,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import shutil
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -27,33 +25,14 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
+from decode.errors import TrainingDiverged
+from decode.files import publish
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.data import Example, collate
 from distill.losses import LOSSES, coarse_grained, masked_sum
+from train.config import MethodConfig
 
 log = logging.getLogger(__name__)
-
-
-class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite; the message names the last good checkpoint."""
-
-
-@dataclass
-class TrainSettings:
-    loss: str
-    loss_kwargs: dict
-    lr: float
-    weight_decay: float
-    warmup_steps: int
-    epochs: int
-    max_steps: int | None
-    micro_batch_size: int
-    gradient_accumulation: int
-    max_grad_norm: float
-    checkpoint_every: int
-    keep_checkpoints: int
-    eval_every: int
-    seed: int
 
 
 def base_causal_lm(model):
@@ -78,20 +57,21 @@ class KeptRowsHead(nn.Module):
 
 
 class DistillationRecipe:
-    def __init__(self, settings: TrainSettings, draft, vocab_size: int, pad_token_id: int,
-                 train_examples: list[Example], heldout_examples: list[Example], checkpoint_dir: Path,
+    def __init__(self, settings: MethodConfig, seed: int, draft, vocab_size: int, pad_token_id: int,
+                 train_examples: list[Example], validation_examples: list[Example], checkpoint_dir: Path,
                  accelerator, tracker, eval_sampling: SamplingParams, kept_ids: list[int] | None = None):
         if settings.loss not in LOSSES:
             raise ValueError(f"unknown loss {settings.loss!r}; choose one of {sorted(LOSSES)}")
         if not train_examples:
             raise ValueError("no training examples: every prompt was longer than max_length, or none was given")
         self.settings = settings
+        self.seed = seed
         self.accelerator = accelerator
         self.tracker = tracker
         self.vocab_size = vocab_size
         self.pad_token_id = pad_token_id
         self.train_examples = train_examples
-        self.heldout_examples = heldout_examples
+        self.validation_examples = validation_examples
         self.checkpoint_dir = checkpoint_dir
         self.eval_sampling = eval_sampling
         self.loss_fn = LOSSES[settings.loss]
@@ -123,9 +103,9 @@ class DistillationRecipe:
         history, loss, postfix = {}, float("nan"), {}
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                    disable=not self.accelerator.is_main_process)
-        if self.step == 0 and self.heldout_examples:
-            history["heldout_acceptance_start"] = self.heldout_acceptance()
-            self.tracker.log({"heldout/expected_acceptance": history["heldout_acceptance_start"]}, step=0)
+        if self.step == 0 and self.validation_examples:
+            history["validation_acceptance_start"] = self.validation_acceptance()
+            self.tracker.log({"validation/expected_acceptance": history["validation_acceptance_start"]}, step=0)
         with bar:
             while self.step < self.total_steps:
                 loss = self._optimizer_step(self._micro_batches(self.step))
@@ -133,13 +113,13 @@ class DistillationRecipe:
                 bar.update(1)
                 postfix["loss"] = f"{loss:.4f}"
                 self.tracker.log({"train/loss": loss, "train/lr": self.scheduler.get_last_lr()[0]}, step=self.step)
-                if self.heldout_examples and (self.step % self.settings.eval_every == 0
+                if self.validation_examples and (self.step % self.settings.eval_every == 0
                                               or self.step == self.total_steps):
-                    acceptance = self.heldout_acceptance()
-                    history["heldout_acceptance_end"] = acceptance
-                    self.tracker.log({"heldout/expected_acceptance": acceptance}, step=self.step)
-                    postfix["heldout_acceptance"] = f"{acceptance:.3f}"
-                    log.info("step %d: held-out expected acceptance %.3f", self.step, acceptance)
+                    acceptance = self.validation_acceptance()
+                    history["validation_acceptance_end"] = acceptance
+                    self.tracker.log({"validation/expected_acceptance": acceptance}, step=self.step)
+                    postfix["validation_acceptance"] = f"{acceptance:.3f}"
+                    log.info("step %d: validation expected acceptance %.3f", self.step, acceptance)
                 bar.set_postfix(postfix)
                 if self.step % self.settings.checkpoint_every == 0 and self.step < self.total_steps:
                     self._save_checkpoint()
@@ -166,8 +146,15 @@ class DistillationRecipe:
                 f"the loss became {step_loss} at step {self.step + 1}; nothing of that step was applied. "
                 f"Last good checkpoint: {self._latest_checkpoint() or 'none yet'}. "
                 f"Lower method.lr (now {self.settings.lr}) or check the training data.")
-        if self.settings.max_grad_norm:
-            accelerator.clip_grad_norm_(self.draft.parameters(), self.settings.max_grad_norm)
+        # clipping with an infinite bound only measures the norm; a non-finite norm means a non-finite gradient
+        gradient_norm = accelerator.clip_grad_norm_(self.draft.parameters(),
+                                                    self.settings.max_grad_norm or float("inf"))
+        if not math.isfinite(float(gradient_norm)):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingDiverged(
+                f"the gradient norm became {float(gradient_norm)} at step {self.step + 1} (loss {step_loss:.4f}); "
+                f"nothing of that step was applied. Last good checkpoint: {self._latest_checkpoint() or 'none yet'}. "
+                f"Lower method.lr (now {self.settings.lr}) or check the training data.")
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
@@ -189,7 +176,7 @@ class DistillationRecipe:
     def _micro_batches(self, step: int) -> list[dict]:
         epoch, index_in_epoch = divmod(step, self.steps_per_epoch)
         order = torch.randperm(len(self.train_examples),
-                               generator=torch.Generator().manual_seed(self.settings.seed * 1000 + epoch)).tolist()
+                               generator=torch.Generator().manual_seed(self.seed * 1000 + epoch)).tolist()
         begin = index_in_epoch * self.examples_per_step
         chosen = [order[(begin + i) % len(order)] for i in range(self.examples_per_step)]
         mine = chosen[self.accelerator.process_index:: self.accelerator.num_processes]
@@ -200,16 +187,16 @@ class DistillationRecipe:
     def _to_device(self, batch: dict) -> dict:
         return {key: value.to(self.accelerator.device) for key, value in batch.items()}
 
-    # ---- held-out acceptance: sum min(p, q) under the decoder's own sampling settings ---------------
+    # ---- validation acceptance: sum min(p, q) under the decoder's own sampling settings ---------------
     @torch.no_grad()
-    def heldout_acceptance(self) -> float:
-        """Mean over held-out answer tokens of sum_x min(p(x), q(x)) under the decoder's sampling settings:
+    def validation_acceptance(self) -> float:
+        """Mean over validation answer tokens of sum_x min(p(x), q(x)) under the decoder's sampling settings:
         the chance the decoder accepts the draft's token there (p over the target's recorded top-k)."""
         self.draft.eval()
         accepted, positions = 0.0, 0
         size = self.settings.micro_batch_size
-        for at in range(0, len(self.heldout_examples), size):
-            batch = self._to_device(collate(self.heldout_examples[at: at + size], self.pad_token_id))
+        for at in range(0, len(self.validation_examples), size):
+            batch = self._to_device(collate(self.validation_examples[at: at + size], self.pad_token_id))
             with self.accelerator.autocast():
                 logits = self.draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                     use_cache=False).logits
@@ -249,7 +236,7 @@ class DistillationRecipe:
         accelerator.save_state(str(staging))
         if accelerator.is_main_process:
             (staging / "trainer_state.json").write_text(json.dumps({"step": self.step}))
-            os.replace(staging, final)  # a checkpoint exists whole or not at all
+            publish(staging, final)  # a checkpoint exists whole or not at all
             for old in sorted(self.checkpoint_dir.glob("step-*"))[: -self.settings.keep_checkpoints]:
                 shutil.rmtree(old, ignore_errors=True)
         accelerator.wait_for_everyone()

@@ -14,6 +14,9 @@ import pathlib
 import re
 from collections.abc import Mapping
 
+from decode.errors import ConfigError
+from train.config import LoggerConfig
+
 log = logging.getLogger(__name__)
 
 _SECRET_MARKERS = ("key", "token", "secret", "password", "auth")
@@ -74,14 +77,14 @@ class Tracker:
     """One run's metrics, summary and model artifact on W&B (or nowhere). Use as a context manager,
     or call finish() at the end."""
 
-    def __init__(self, logger_cfg, run_dir: pathlib.Path, config: dict, run_name: str,
+    def __init__(self, logger_cfg: LoggerConfig, run_dir: pathlib.Path, config: dict, run_name: str,
                  is_main_process: bool = True):
-        self.mode = str(logger_cfg.get("mode", "offline"))
+        self.mode = logger_cfg.mode
         if self.mode not in ("offline", "online", "disabled"):
-            raise ValueError(f"logger.mode must be offline, online or disabled, not {self.mode!r}")
+            raise ConfigError(f"logger.mode must be offline, online or disabled, not {self.mode!r}")
         if os.environ.get("WANDB_MODE", "").lower() == "disabled" or not is_main_process:
             self.mode = "disabled"
-        self.save_model = bool(logger_cfg.get("log_model", True))
+        self.save_model = logger_cfg.log_model
         self._wandb = None if self.mode == "disabled" else _import_wandb()
         self._run = None
         if self._wandb is None:
@@ -89,7 +92,7 @@ class Tracker:
             return
 
         if self.mode == "online" and not _has_wandb_credentials():
-            raise RuntimeError(
+            raise ConfigError(
                 "logger=online needs a W&B login, and none was found: run `wandb login` or set "
                 "WANDB_API_KEY, or log offline with logger=wandb (upload later with `wandb sync`) "
                 "or turn tracking off with logger=disabled.")
@@ -99,8 +102,8 @@ class Tracker:
         quiet = self._wandb.Settings(silent=True)
         self._wandb.setup(settings=quiet)  # init's settings do not quiet later messages (add_dir)
         self._run = self._wandb.init(
-            mode=self.mode, dir=str(run_dir), project=logger_cfg.get("project"),
-            entity=logger_cfg.get("entity"), name=run_name, tags=list(logger_cfg.get("tags") or []),
+            mode=self.mode, dir=str(run_dir), project=logger_cfg.project,
+            entity=logger_cfg.entity, name=run_name, tags=list(logger_cfg.tags),
             config=scrub_secrets(config), settings=quiet)
 
     @property

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -29,6 +28,9 @@ from gguf import (
     get_tensor_name_map,
 )
 from gguf.quants import QuantError, quantize
+
+from decode.errors import ExportError
+from decode.files import published
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,21 @@ class _Writer(GGUFWriter):
         return super()._pack_val(val, vtype, add_vtype, sub_type)
 
 
+def gguf_unsupported_reason(config, outtype: str = "f16") -> str | None:
+    """Why a model with this config cannot be written to GGUF here (None when it can): checked before any
+    work, so that an unsupported target is refused at start, not after training."""
+    if config.model_type not in ARCHITECTURES:
+        return (f"cannot write a {config.model_type!r} model to GGUF; supported architectures: "
+                f"{', '.join(sorted(ARCHITECTURES))} (or set export.gguf=false)")
+    rope_type = (getattr(config, "rope_parameters", None) or {}).get("rope_type", "default")
+    if rope_type != "default":
+        return (f"rope type {rope_type!r} is not supported by the GGUF writer, only 'default' "
+                f"(or set export.gguf=false)")
+    if outtype not in OUTTYPES:
+        return f"export.gguf_type {outtype!r} is not one of {sorted(OUTTYPES)}"
+    return None
+
+
 def write_gguf(model, tokenizer, path: Path, tokenizer_source_gguf: Path | None = None,
                outtype: str = "f32") -> Path:
     """Write `model` (+ its tokenizer) to the GGUF file `path`, atomically; returns `path`.
@@ -70,11 +87,9 @@ def write_gguf(model, tokenizer, path: Path, tokenizer_source_gguf: Path | None 
     outtype: "f32", "f16" or "q8_0" for the weight matrices; norms and biases stay f32, as in llama.cpp.
     """
     config = model.config
-    if config.model_type not in ARCHITECTURES:
-        raise ValueError(f"cannot write a {config.model_type!r} model to GGUF; supported architectures: "
-                         f"{', '.join(sorted(ARCHITECTURES))}")
-    if outtype not in OUTTYPES:
-        raise ValueError(f"outtype {outtype!r} is not one of {sorted(OUTTYPES)}")
+    problem = gguf_unsupported_reason(config, outtype)
+    if problem:
+        raise ExportError(problem)
     arch, reorder_qk = ARCHITECTURES[config.model_type]
     path = Path(path)
 
@@ -83,34 +98,26 @@ def write_gguf(model, tokenizer, path: Path, tokenizer_source_gguf: Path | None 
     if tokenizer_source_gguf is not None:
         token_count = _copy_tokenizer_metadata(writer, Path(tokenizer_source_gguf))
         if token_count != config.vocab_size:
-            raise ValueError(f"{tokenizer_source_gguf} has {token_count} tokens but the model's vocabulary has "
+            raise ExportError(f"{tokenizer_source_gguf} has {token_count} tokens but the model's vocabulary has "
                              f"{config.vocab_size} rows; llama.cpp needs them equal")
     else:
         _add_tokenizer_metadata(writer, tokenizer, config.vocab_size)
     _add_tensors(writer, model, arch, reorder_qk, OUTTYPES[outtype][0])
 
-    fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    os.close(fd)
-    try:
-        writer.write_header_to_file(Path(temporary))
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.flush()
-        os.fsync(writer.fout[0].fileno())
-        writer.close()
-        os.chmod(temporary, 0o644)  # mkstemp makes it private
-        os.replace(temporary, path)
-    except BaseException:
-        writer.close()
-        Path(temporary).unlink(missing_ok=True)
-        raise
+    with published(path) as staging:
+        try:
+            writer.write_header_to_file(staging)
+            writer.write_kv_data_to_file()
+            writer.write_tensors_to_file()
+            writer.flush()
+            os.fsync(writer.fout[0].fileno())
+        finally:
+            writer.close()
     return path
 
 
 def _add_model_metadata(writer: GGUFWriter, config, name: str, file_type: LlamaFileType) -> None:
     rope = config.rope_parameters or {}
-    if rope.get("rope_type", "default") != "default":
-        raise ValueError(f"rope type {rope['rope_type']!r} is not supported by this exporter; only 'default'")
     window = getattr(config, "sliding_window", None) if getattr(config, "use_sliding_window", True) else None
     if window is not None and window < config.max_position_embeddings:
         log.warning("sliding window %d is not written (llama.cpp's %s has none, and its converter drops it too): "
@@ -144,7 +151,7 @@ def _copy_tokenizer_metadata(writer: GGUFWriter, source: Path) -> int:
         if field.name == "tokenizer.ggml.tokens":
             token_count = len(field.data)
     if token_count is None:
-        raise ValueError(f"{source} has no tokenizer.ggml.tokens: it holds no tokenizer to copy")
+        raise ExportError(f"{source} has no tokenizer.ggml.tokens: it holds no tokenizer to copy")
     return token_count
 
 
@@ -157,10 +164,10 @@ def _add_tokenizer_metadata(writer: GGUFWriter, tokenizer, vocab_size: int) -> N
     if not (backend["model"]["type"] == "BPE" and backend.get("normalizer") is None
             and pre_tokenizer.get("type") == "ByteLevel" and pre_tokenizer.get("use_regex", True)
             and not pre_tokenizer.get("add_prefix_space")):
-        raise ValueError("can only build GGUF tokenizer metadata for a byte-level BPE tokenizer with GPT-2's "
+        raise ExportError("can only build GGUF tokenizer metadata for a byte-level BPE tokenizer with GPT-2's "
                          "pre-tokenizer; pass tokenizer_source_gguf= (the target's GGUF) to copy it instead")
     if len(tokenizer) > vocab_size:
-        raise ValueError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary only {vocab_size}")
+        raise ExportError(f"the tokenizer has {len(tokenizer)} tokens but the model's vocabulary only {vocab_size}")
 
     token_by_id = {token_id: token for token, token_id in tokenizer.get_vocab().items()}
     added = tokenizer.added_tokens_decoder

@@ -1,0 +1,63 @@
+"""Typed settings of the decode side: sampling and gamma, the model pair, the export.
+
+Hydra checks every override against these dataclasses; the entry points convert the composed
+configuration into them once, so library code never sees a DictConfig.
+"""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from decode.errors import ConfigError
+from decode.models import ModelSpec
+from decode.sampling import SamplingParams
+from decode.speculative import GammaPolicy
+
+
+@dataclass
+class DecodeConfig:
+    """Sampling, applied identically to target and draft (temperature 0 is greedy), and the gamma policy."""
+
+    temperature: float = 0.7
+    top_k: int = 0
+    top_p: float = 0.9
+    gamma: int = 3
+    dynamic_gamma: bool = False  # grow after a fully accepted round, shrink after an early rejection
+    min_gamma: int = 2
+    max_gamma: int = 8
+
+    def sampling(self, temperature: Optional[float] = None) -> SamplingParams:
+        try:
+            return SamplingParams(temperature=self.temperature if temperature is None else temperature,
+                                  top_k=self.top_k, top_p=self.top_p)
+        except ValueError as error:
+            raise ConfigError(f"decode: {error}") from None
+
+    def gamma_policy(self, dynamic: Optional[bool] = None) -> GammaPolicy:
+        dynamic = self.dynamic_gamma if dynamic is None else dynamic
+        gamma = min(max(self.gamma, self.min_gamma), self.max_gamma) if dynamic else self.gamma
+        try:
+            return GammaPolicy(gamma=gamma, dynamic=dynamic, min_gamma=self.min_gamma, max_gamma=self.max_gamma)
+        except ValueError as error:
+            raise ConfigError(f"decode: {error}") from None
+
+    def validate(self) -> None:
+        self.sampling()
+        self.gamma_policy()
+        if not 1 <= self.min_gamma <= self.max_gamma:
+            raise ConfigError(f"decode: need 1 <= min_gamma <= max_gamma, got {self.min_gamma} and {self.max_gamma}")
+
+
+@dataclass
+class PairConfig:
+    target: ModelSpec = field(default_factory=ModelSpec)
+    draft: ModelSpec = field(default_factory=ModelSpec)
+    check_chat_template: bool = True
+
+
+@dataclass
+class ExportConfig:
+    dir: Optional[str] = None  # None: <run_dir>/export
+    overwrite: bool = False  # an existing export is only replaced when this is true
+    gguf: bool = True  # also write draft.gguf for llama.cpp
+    gguf_type: str = "f16"  # f32 | f16 | q8_0
+    verify_prompts: int = 4  # reload the exported draft(s) and check greedy output and alpha on this many prompts

@@ -1,0 +1,49 @@
+"""The serving engines' speculative-decoding settings for an exported draft: vLLM, SGLang, llama.cpp.
+
+Every server described here listens on loopback; put a proxy in front to expose it.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass
+class ServingTarget:
+    """How engines should find the target: a hub id or directory (vLLM, SGLang) and a GGUF file (llama.cpp)."""
+
+    hf_path: str
+    gguf_path: str | None
+
+
+def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int) -> dict:
+    """The engines' speculative-decoding settings for this draft, as JSON and argument lists."""
+    vllm_config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": gamma}
+    vllm_args = ["vllm", "serve", target.hf_path, "--host", "127.0.0.1",
+                 "--speculative-config", json.dumps(vllm_config)]
+    sglang_args = ["python", "-m", "sglang.launch_server", "--model-path", target.hf_path, "--host", "127.0.0.1",
+                   "--speculative-algorithm", "STANDALONE", "--speculative-draft-model-path", str(draft_dir),
+                   "--speculative-num-steps", str(gamma), "--speculative-eagle-topk", "1",
+                   "--speculative-num-draft-tokens", str(gamma + 1)]
+    flags = {"vllm_speculative_config": vllm_config, "vllm": vllm_args, "sglang": sglang_args}
+    if draft_gguf is not None:
+        target_gguf = target.gguf_path or "<target>.gguf"
+        # current llama-server names (the older --draft-max/--draft-min are refused as removed)
+        flags["llama_cpp"] = ["llama-server", "-m", target_gguf, "-md", str(draft_gguf), "--host", "127.0.0.1",
+                              "--spec-type", "draft-simple", "--spec-draft-n-max", str(gamma),
+                              "--spec-draft-p-min", "0"]
+    return flags
+
+
+def write_serving_files(directory: Path, flags: dict) -> None:
+    """vllm.json (the --speculative-config value) and one executable launch script per engine."""
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "vllm.json").write_text(json.dumps(flags["vllm_speculative_config"], indent=2) + "\n")
+    for engine in ("vllm", "sglang", "llama_cpp"):
+        if engine in flags:
+            script = directory / f"{engine}.sh"
+            script.write_text("#!/bin/sh\nexec " + shlex.join(flags[engine]) + "\n")
+            script.chmod(0o755)

@@ -1,0 +1,108 @@
+"""The export stage: the trained draft as a serving directory, checked by reading it back before it lands.
+
+    <export>/draft/          HF safetensors + config + the target's tokenizer (vLLM, SGLang)
+    <export>/draft.gguf      the same weights for llama.cpp (-md)
+    <export>/serving/        vllm.json (--speculative-config), vllm.sh, sglang.sh, llama_cpp.sh
+    <export>/README.md       model card: target, domain, data, method, alpha, gamma, provenance
+    <export>/export.json     paths, flags and the round-trip checks
+
+The export is built in a staging directory and renamed into place, so an existing
+export is replaced whole or not at all, and never without export.overwrite.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM
+
+from decode.config import DecodeConfig, ExportConfig
+from decode.context import RunContext
+from decode.errors import ExportError, ExportMismatch
+from decode.files import published
+from decode.models import ModelSpec, load_model, locate, model_source
+from decode.sampling import SamplingParams
+from decode.serving.card import model_card
+from decode.serving.engines import ServingTarget, serving_flags, write_serving_files
+from decode.serving.formats import check_tokenizer, serving_copy
+from decode.serving.gguf import write_gguf
+
+
+def export_destination(ctx: RunContext, settings: ExportConfig) -> Path:
+    return (Path(settings.dir) if settings.dir else ctx.run_dir / "export").resolve()
+
+
+def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, verify_prompt_ids: list[list[int]],
+               verify_max_new_tokens: int, config: dict) -> dict:
+    """Writes the export of the run's trained draft; `config` (plain data) goes into the model card.
+
+    Returns the summary entries: export_path, export_gamma, serving (the flags), export_round_trip.
+    """
+    draft_spec = ctx.trained_draft_spec()
+    destination = export_destination(ctx, settings)
+    if destination.exists() and not settings.overwrite:
+        raise ExportError(f"{destination} exists; set export.overwrite=true to replace it")
+    if not ctx.is_main_process:
+        return {}
+    target_dir, target_gguf = locate(ctx.target_spec)
+    target_gguf = Path(target_dir, target_gguf) if target_gguf else None
+    serving_target = ServingTarget(_serving_target_path(ctx.target_spec), str(target_gguf) if target_gguf else None)
+    gamma = ctx.known.get("recommended_gamma") or decode.gamma  # the eval stage measured it
+    with published(destination, directory=True) as staging:
+        draft = serving_copy(load_model(ModelSpec(path=draft_spec.path, dtype=draft_spec.dtype, device="cpu")))
+        draft.save_pretrained(staging / "draft")
+        ctx.pair.tokenizer.save_pretrained(staging / "draft")
+        check_tokenizer(staging / "draft", ctx.pair.tokenizer)
+        gguf_path = None
+        if settings.gguf:
+            gguf_path = write_gguf(draft, ctx.pair.tokenizer, staging / "draft.gguf",
+                                   tokenizer_source_gguf=target_gguf, outtype=settings.gguf_type)
+        flags = serving_flags(serving_target, destination / "draft",
+                              destination / "draft.gguf" if gguf_path else None, gamma)
+        write_serving_files(staging / "serving", flags)
+        checks = {}
+        if settings.verify_prompts:
+            checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, decode,
+                                verify_prompt_ids[: settings.verify_prompts], verify_max_new_tokens)
+        record = {"export_path": str(destination), "gamma": gamma, "flags": flags, "round_trip": checks,
+                  "draft_vocab_size": len(draft.config.draft_vocab) if getattr(draft.config, "draft_vocab", None)
+                  else None}
+        (staging / "export.json").write_text(json.dumps(record, indent=2) + "\n")
+        (staging / "README.md").write_text(model_card(record, ctx.known, config))
+    return {"export_path": str(destination), "export_gamma": gamma, "serving": flags, "export_round_trip": checks}
+
+
+def _serving_target_path(target_spec: ModelSpec) -> str:
+    """Where vLLM/SGLang find the target: a hub id as given, else the local directory transformers loads
+    (for a GGUF target, its converted safetensors copy)."""
+    source = model_source(target_spec)[0]
+    return str(Path(source).resolve()) if Path(source).exists() else source
+
+
+def round_trip(ctx: RunContext, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path | None,
+               decode: DecodeConfig, prompt_ids: list[list[int]], max_new_tokens: int) -> dict:
+    """The exported draft(s) reloaded and decoded against the draft as trained: same greedy output, same alpha."""
+    greedy, policy = SamplingParams(temperature=0), decode.gamma_policy(dynamic=False)
+
+    def decode_with(draft):
+        result = ctx.pair.decoder(draft).generate(prompt_ids, max_new_tokens, greedy, policy)
+        return result.tokens, result.metrics.alpha
+
+    reference_tokens, reference_alpha = decode_with(load_model(draft_spec))
+    loaded = {"hf": load_model(ModelSpec(path=str(exported_dir), dtype=draft_spec.dtype, device=draft_spec.device))}
+    if gguf_path is not None:  # read back as llama.cpp would get it, through transformers' GGUF reader
+        reread = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        reread.config.draft_vocab = getattr(loaded["hf"].config, "draft_vocab", None)
+        loaded["gguf"] = reread.to(dtype=next(loaded["hf"].parameters()).dtype, device=draft_spec.device)
+    checks = {"prompts": len(prompt_ids), "alpha_trained": reference_alpha}
+    for name, draft in loaded.items():
+        tokens, alpha = decode_with(draft)
+        checks[f"alpha_{name}"] = alpha
+        checks[f"same_greedy_output_{name}"] = tokens == reference_tokens
+        if tokens != reference_tokens or abs(alpha - reference_alpha) > 0.01:
+            raise ExportMismatch(f"the exported {name} draft decodes differently from the trained one "
+                                 f"(alpha {alpha:.4f} vs {reference_alpha:.4f}, same greedy output: "
+                                 f"{tokens == reference_tokens}); nothing was published, the trained draft "
+                                 f"is intact in {draft_spec.path}")
+    return checks

@@ -1,0 +1,40 @@
+"""Typed settings of the data side: where a domain's prompts come from, how the target answers them."""
+
+from dataclasses import dataclass, field
+from typing import Dict, Optional
+
+from decode.errors import ConfigError
+from decode.sampling import SamplingParams
+
+
+@dataclass
+class DomainConfig:
+    """One domain's prompts. The shipped domains only set `name`; a user's data sets source and path."""
+
+    name: str = "code"
+    source: str = "shipped"  # shipped | jsonl | parquet | hf
+    path: Optional[str] = None  # the file (jsonl, parquet) or dataset id (hf)
+    fields: Dict[str, str] = field(default_factory=lambda: {"prompt": "prompt", "split": "split", "id": "id"})
+    hf_split: str = "train"
+    heldout_fraction: float = 0.2  # when the source has no split column
+    system_prompt: Optional[str] = None  # None: the chat template's own default
+
+
+@dataclass
+class GenerateConfig:
+    """The target's answers: the training data, sampled as the target will be served."""
+
+    max_train_prompts: int = 192
+    max_validation_prompts: int = 24  # the training-time metric; never the eval prompts
+    max_new_tokens: int = 128
+    batch_size: int = 32
+    top_k_logprobs: int = 64  # the target's distribution kept per answer token: its k most likely tokens
+    temperature: float = 0.7
+    top_k: int = 0
+    top_p: float = 0.9
+
+    def sampling(self) -> SamplingParams:
+        try:
+            return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+        except ValueError as error:
+            raise ConfigError(f"generate: {error}") from None

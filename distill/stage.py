@@ -1,0 +1,47 @@
+"""The generate stage: the target's answers to the domain's training and validation prompts.
+
+Answers are cached by everything that determines them (distill/generate.py), so the train stage
+looks up what the generate stage made, and a rerun reuses it.
+"""
+
+from __future__ import annotations
+
+import datasets
+
+from decode.context import RunContext
+from decode.errors import ConfigError
+from decode.models import model_fingerprint
+from distill.config import DomainConfig, GenerateConfig
+from distill.data import DomainPrompts
+from distill.generate import cache_key, dataset_directory, generate_dataset, load_cached_dataset
+
+
+def training_prompts(prompts: DomainPrompts, settings: GenerateConfig) -> dict:
+    """The prompts the target answers: split name -> prompts."""
+    return {"train": prompts.train[: settings.max_train_prompts],
+            "validation": prompts.validation[: settings.max_validation_prompts]}
+
+
+def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConfig, prompts: DomainPrompts,
+                   create: bool) -> tuple[dict[str, datasets.Dataset], dict]:
+    """-> ({"train": answers, "validation": answers}, summary entries); generated when `create`, else looked up."""
+    sampling = settings.sampling()
+    fingerprint = model_fingerprint(ctx.target_spec)
+    found, summary = {}, {}
+    for split, split_prompts in training_prompts(prompts, settings).items():
+        name = f"{domain.name}-{split}"
+        if create:
+            dataset, directory, _ = generate_dataset(
+                ctx.pair, split_prompts, name, fingerprint, sampling, settings.max_new_tokens, settings.batch_size,
+                ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator)
+        else:
+            key = cache_key(fingerprint, name, split_prompts, sampling, settings.max_new_tokens, ctx.seed,
+                            domain.system_prompt, settings.top_k_logprobs)
+            directory, dataset = dataset_directory(name, key), load_cached_dataset(name, key)
+            if dataset is None:
+                raise ConfigError(f"no generated answers for these settings ({directory}); "
+                                  f"run the generate stage first, e.g. stages=[generate,train]")
+        found[split] = dataset
+        summary[f"{split}_data"] = str(directory)
+        summary[f"{split}_answers"] = len(dataset)
+    return found, summary

@@ -1,0 +1,75 @@
+"""The eval stage on the tiny pair: what it reuses, what it never lets survive from an earlier run."""
+
+import json
+
+import pytest
+from accelerate import Accelerator
+
+import eval.stage
+from decode.config import DecodeConfig
+from decode.context import RunContext
+from decode.models import ModelSpec
+from decode.pair import load_pair
+from eval.config import EvalConfig
+from eval.stage import run_eval
+from train.config import LoggerConfig
+from train.tracking import Tracker
+
+
+@pytest.fixture(scope="module")
+def pair():
+    return load_pair(ModelSpec(path="tiny-random"), ModelSpec(derive_layers=1))
+
+
+@pytest.fixture
+def ctx(pair, tmp_path):
+    pair.draft.save_pretrained(tmp_path / "draft")  # stands in for the trained draft
+    pair.tokenizer.save_pretrained(tmp_path / "draft")
+    return RunContext(run_dir=tmp_path, pair=pair, target_spec=ModelSpec(path="tiny-random"),
+                      accelerator=Accelerator(cpu=True), tracker=Tracker(LoggerConfig(mode="disabled"), tmp_path, {}, "t"))
+
+
+SETTINGS = EvalConfig(max_prompts=2, max_new_tokens=6, batch_size=2, compare_ar=True)
+DECODE = DecodeConfig(temperature=0.0, gamma=3, min_gamma=1)
+
+
+def test_the_untrained_draft_is_measured_again_when_the_prompts_change(ctx, pair, monkeypatch):
+    measured = []
+    real = eval.stage.measure_acceptance
+
+    def counted(decoder, prompt_ids, *args, description, **kwargs):
+        measured.append((description, prompt_ids))
+        return real(decoder, prompt_ids, *args, description=description, **kwargs)
+
+    monkeypatch.setattr(eval.stage, "measure_acceptance", counted)
+    untrained = lambda: [ids for description, ids in measured if "untrained" in description]  # noqa: E731
+    first_prompts = pair.encode_chat(["first prompt", "second prompt"])
+    run_eval(ctx, SETTINGS, DECODE, first_prompts)
+    run_eval(ctx, SETTINGS, DECODE, first_prompts)
+    assert untrained() == [first_prompts]  # same prompts and settings: measured once
+    other_prompts = pair.encode_chat(["a different prompt", "and another one"])
+    run_eval(ctx, SETTINGS, DECODE, other_prompts)
+    assert untrained() == [first_prompts, other_prompts]
+    before = json.loads((ctx.run_dir / "eval_before.json").read_text())
+    assert before["key"] == eval.stage.eval_key(other_prompts, DECODE, SETTINGS, ctx.seed)
+
+
+def test_the_recommended_gamma_file_always_describes_this_run(ctx, pair, monkeypatch):
+    prompts = pair.encode_chat(["first prompt", "second prompt"])
+    monkeypatch.setattr(eval.stage, "recommended_gamma", lambda *args, **kwargs: 5)
+    summary = run_eval(ctx, SETTINGS, DECODE, prompts)
+    at_gamma = json.loads((ctx.run_dir / "eval_recommended_gamma.json").read_text())
+    assert summary["recommended_gamma"] == at_gamma["gamma"] == 5 and at_gamma["decoded_again"]
+    assert len(at_gamma["counts"]["drafted_per_position"]) == 5
+
+    monkeypatch.setattr(eval.stage, "recommended_gamma", lambda *args, **kwargs: DECODE.gamma)
+    summary = run_eval(ctx, SETTINGS, DECODE, prompts)
+    at_gamma = json.loads((ctx.run_dir / "eval_recommended_gamma.json").read_text())
+    assert summary["recommended_gamma"] == at_gamma["gamma"] == DECODE.gamma and not at_gamma["decoded_again"]
+    assert at_gamma["alpha"] == pytest.approx(summary["alpha_after"])
+
+
+def test_a_recommended_gamma_below_min_gamma_is_never_given(ctx, pair):
+    prompts = pair.encode_chat(["first prompt", "second prompt"])
+    summary = run_eval(ctx, SETTINGS, DecodeConfig(temperature=0.0, gamma=3, min_gamma=3, max_gamma=5), prompts)
+    assert 3 <= summary["recommended_gamma"] <= 5

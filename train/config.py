@@ -1,0 +1,88 @@
+"""The whole `python -m train` configuration as dataclasses, registered as Hydra's schema.
+
+conf/train.yaml starts from `train_schema`, so every group file and command-line override is checked
+against these types when Hydra composes; `load()` turns the result into the dataclasses once.
+"""
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from decode.config import DecodeConfig, ExportConfig, PairConfig
+from distill.config import DomainConfig, GenerateConfig
+from eval.config import EvalConfig
+
+STAGES = ("generate", "train", "eval", "export")
+
+
+@dataclass
+class LoraSettings:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.0
+    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+
+
+@dataclass
+class MethodConfig:
+    """How the draft learns: the loss, the optimizer and its schedule, pruning, LoRA."""
+
+    name: str = "distill"
+    loss: str = "kl_tv_mix"  # forward_kl | reverse_kl | jsd | tv | neg_log_acceptance | kl_tv_mix
+    loss_kwargs: Dict[str, Any] = field(default_factory=dict)
+    lr: float = 2.0e-3
+    weight_decay: float = 0.0
+    warmup_steps: int = 10
+    epochs: int = 4
+    max_steps: Optional[int] = None  # overrides epochs
+    micro_batch_size: int = 8
+    gradient_accumulation: int = 1
+    max_length: int = 320  # tokens per training sequence (prompt + answer)
+    max_grad_norm: float = 1.0
+    train_embeddings: bool = True
+    prune_vocab: int = 8192  # keep the K tokens with the most target probability in the training data (0: all)
+    on_policy_fraction: float = 0.0
+    checkpoint_every: int = 24
+    keep_checkpoints: int = 2
+    eval_every: int = 24
+    lora: Optional[LoraSettings] = None
+
+
+@dataclass
+class LoggerConfig:
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "specdraft"
+    entity: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    log_model: bool = True
+
+
+@dataclass
+class TrainConfig:
+    pair: PairConfig = field(default_factory=PairConfig)
+    method: MethodConfig = field(default_factory=MethodConfig)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    domain: Optional[DomainConfig] = None  # appended on the command line: +domain=code
+    stages: List[str] = field(default_factory=lambda: list(STAGES))
+    seed: int = 0
+    run_dir: Optional[str] = None
+    generate: GenerateConfig = field(default_factory=GenerateConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    export: ExportConfig = field(default_factory=ExportConfig)
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+def load(cfg: DictConfig) -> TrainConfig:
+    """The composed configuration as dataclasses, interpolations resolved."""
+    return OmegaConf.to_object(cfg)
+
+
+def as_dict(config) -> dict:
+    """A dataclass configuration as plain data (for config.yaml, W&B and the model card)."""
+    return OmegaConf.to_container(OmegaConf.structured(config), resolve=True)
