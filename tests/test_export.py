@@ -147,3 +147,20 @@ def test_a_failed_round_trip_is_a_mismatch_not_a_configuration_error(tmp_path, m
         export_run(tmp_path, ["export"], ["export.gguf=false"])
     assert not isinstance(error.value, ConfigError) and error.value.exit_code != ConfigError.exit_code
     assert not (tmp_path / "run" / "export").exists() and (tmp_path / "run" / "draft" / "config.json").is_file()
+
+
+def test_a_draft_measured_slower_than_the_target_alone_is_flagged_everywhere(tmp_path):
+    from decode.serving.card import not_worth_serving
+    from train.pipeline import format_summary
+
+    slow = {"domain": "code", "method": "distill", "recommended_gamma": 2, "speedup_vs_ar_at_recommended_gamma": 0.6}
+    warning = not_worth_serving(slow)
+    assert "0.60x" in warning and "serve the target without this draft" in warning
+    assert not_worth_serving({**slow, "speedup_vs_ar_at_recommended_gamma": 1.3}) is None
+    assert not_worth_serving({"domain": "code"}) is None  # nothing measured: nothing claimed
+    assert f"NOT WORTH SERVING: {warning}" in format_summary(slow, tmp_path)
+    flags = serving_flags(ServingTarget("org/target", str(tmp_path / "t.gguf")), tmp_path / "d", tmp_path / "d.gguf", 2)
+    write_serving_files(tmp_path / "serving", flags, warning)
+    for script in ("vllm.sh", "sglang.sh", "llama_cpp.sh"):
+        assert (tmp_path / "serving" / script).read_text().splitlines()[1] == f"# WARNING: {warning}"
+    assert (tmp_path / "serving" / "NOT_WORTH_SERVING").read_text().strip() == warning

@@ -65,7 +65,7 @@ def test_jsd_limits_are_the_kl_directions():
 def test_temperature_scales_both_sides():
     target, draft = random_logits(7), random_logits(8)
     assert torch.allclose(forward_kl(target, draft, temperature=2.0), forward_kl(target / 2, draft / 2))
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="temperature"):
         forward_kl(target, draft, temperature=0.0)
 
 

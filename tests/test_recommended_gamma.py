@@ -40,7 +40,7 @@ def test_more_acceptance_never_shortens_gamma_and_a_dearer_draft_never_lengthens
 def test_the_gamma_range_is_checked():
     assert recommended_gamma(0.5, 0.1, min_gamma=4, max_gamma=4) == 4
     for low, high in ((0, 8), (5, 4)):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match="min_gamma <= max_gamma"):
             recommended_gamma(0.5, 0.1, min_gamma=low, max_gamma=high)
 
 

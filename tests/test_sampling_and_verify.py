@@ -99,7 +99,7 @@ def test_sample_follows_the_distribution():
 
 def test_bad_sampling_settings_are_refused():
     for bad in (dict(temperature=-1), dict(top_k=-2), dict(top_p=0.0), dict(top_p=1.5)):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=next(iter(bad))):
             SamplingParams(**bad)
 
 
@@ -111,7 +111,7 @@ def test_dynamic_gamma_grows_after_full_acceptance_and_shrinks_after_early_rejec
     assert policy.next(3, [0]) == 3
     assert policy.next(5, [5, 3]) == 5
     assert GammaPolicy(gamma=5).next(5, [5]) == 5
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="dynamic gamma needs"):
         GammaPolicy(gamma=9, dynamic=True, min_gamma=3, max_gamma=8)
 
 

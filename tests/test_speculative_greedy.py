@@ -168,8 +168,8 @@ def test_counts_are_a_serving_engines(target64, near_draft, tokenizer, reference
 
 def test_bad_prompts_are_refused(target64, tokenizer):
     decoder = SpeculativeDecoder(NativeLlamaRunner(target64, len(tokenizer)), None, [0])
-    for bad in ([], [[]], [[len(tokenizer) + 5]]):
-        with pytest.raises(ValueError):
+    for bad, message in (([], "no prompts"), ([[]], "at least one token"), ([[len(tokenizer) + 5]], "must lie in")):
+        with pytest.raises(ValueError, match=message):
             decoder.generate(bad, 4, GREEDY)
     with pytest.raises(ValueError, match="draft"):
         decoder.generate([[1, 2]], 4, GREEDY, GammaPolicy(gamma=2))

@@ -72,6 +72,10 @@ def test_a_full_lora_run_reports_alpha_before_and_after_and_prints_its_directory
     assert at_gamma["alpha"] == pytest.approx(summary["alpha_at_recommended_gamma"])
     assert Path(record["flags"]["vllm"][2], "config.json").is_file()  # the target, as vLLM would load it
     assert (export / "draft.gguf").is_file() and "## Provenance" in (export / "README.md").read_text()
+    slower_than_ar = summary["speedup_vs_ar_at_recommended_gamma"] < 1
+    assert record["worth_serving"] != slower_than_ar
+    assert ("Not worth serving" in (export / "README.md").read_text()) == slower_than_ar
+    assert (export / "serving" / "NOT_WORTH_SERVING").exists() == slower_than_ar
 
     # an existing export is not replaced without the flag; with it, it is re-exported from the trained draft
     refused = subprocess.run(train_command("method=lora", f"run_dir={run_dir}", "stages=[export]"), cwd=ROOT,

@@ -17,6 +17,7 @@ from decode.context import RunContext
 from decode.errors import ConfigError, ExportError
 from decode.files import write_json
 from decode.pair import load_pair
+from decode.serving.card import not_worth_serving
 from decode.serving.gguf import gguf_unsupported_reason
 from decode.serving.stage import run_export
 from distill.data import load_domain_prompts, shipped_domains
@@ -144,6 +145,9 @@ def format_summary(summary: dict, run_dir: Path) -> str:
                      f"mean accepted length {number('mean_accepted_length_at_recommended_gamma', '.2f')}, "
                      f"speculative {number('spec_tokens_per_s_at_recommended_gamma', '.1f')} tok/s = "
                      f"{number('speedup_vs_ar_at_recommended_gamma', '.2f')}x AR")
+    warning = not_worth_serving(summary)
+    if warning:
+        lines.append(f"NOT WORTH SERVING: {warning}")
     if "train_validation_acceptance_end" in summary:
         lines.append(f"expected acceptance sum(min(p, q)) on validation answers during training: "
                      f"{number('train_validation_acceptance_start')} -> {number('train_validation_acceptance_end')}")

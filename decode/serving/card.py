@@ -10,6 +10,15 @@ from pathlib import Path
 import yaml
 
 
+def not_worth_serving(summary: dict) -> str | None:
+    """A plain sentence when the eval measured this draft slower than the target alone at its best gamma."""
+    speedup = summary.get("speedup_vs_ar_at_recommended_gamma")
+    if speedup is None or speedup >= 1.0:
+        return None
+    return (f"speculative decoding with this draft measured {speedup:.2f}x autoregressive at its recommended "
+            f"gamma {summary.get('recommended_gamma')}: serve the target without this draft")
+
+
 def model_card(record: dict, summary: dict, config: dict) -> str:
     """record: the export's paths, gamma and flags; summary: the run's figures; config: the resolved settings."""
     domain, generate, method, decode = config["domain"], config["generate"], config["method"], config["decode"]
@@ -19,8 +28,10 @@ def model_card(record: dict, summary: dict, config: dict) -> str:
         value = summary.get(key)
         return f"{value:.3f}" if isinstance(value, (int, float)) else "-"
 
+    warning = not_worth_serving(summary)
     lines = [
         f"# Draft model for speculative decoding: {domain['name']}", "",
+        *([f"**Not worth serving as measured: {warning}.**", ""] if warning else []),
         f"- target: `{config['pair']['target']['path']}`",
         f"- domain: {domain['name']} (prompts: {domain['source']}{', ' + str(domain['path']) if domain['path'] else ''}; "
         f"{summary.get('train_answers', '?')} target answers for training, "

@@ -38,12 +38,16 @@ def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | Non
     return flags
 
 
-def write_serving_files(directory: Path, flags: dict) -> None:
-    """vllm.json (the --speculative-config value) and one executable launch script per engine."""
+def write_serving_files(directory: Path, flags: dict, warning: str | None = None) -> None:
+    """vllm.json (the --speculative-config value) and one executable launch script per engine; a warning
+    (the draft measured slower than the target alone) heads every script and lands in NOT_WORTH_SERVING."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "vllm.json").write_text(json.dumps(flags["vllm_speculative_config"], indent=2) + "\n")
+    header = f"# WARNING: {warning}\n" if warning else ""
     for engine in ("vllm", "sglang", "llama_cpp"):
         if engine in flags:
             script = directory / f"{engine}.sh"
-            script.write_text("#!/bin/sh\nexec " + shlex.join(flags[engine]) + "\n")
+            script.write_text("#!/bin/sh\n" + header + "exec " + shlex.join(flags[engine]) + "\n")
             script.chmod(0o755)
+    if warning:
+        (directory / "NOT_WORTH_SERVING").write_text(warning + "\n")

@@ -23,7 +23,7 @@ from decode.errors import ExportError, ExportMismatch
 from decode.files import published
 from decode.models import ModelSpec, load_model, locate, model_source
 from decode.sampling import SamplingParams
-from decode.serving.card import model_card
+from decode.serving.card import model_card, not_worth_serving
 from decode.serving.engines import ServingTarget, serving_flags, write_serving_files
 from decode.serving.formats import check_tokenizer, serving_copy
 from decode.serving.gguf import write_gguf
@@ -60,12 +60,14 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
                                    tokenizer_source_gguf=target_gguf, outtype=settings.gguf_type)
         flags = serving_flags(serving_target, destination / "draft",
                               destination / "draft.gguf" if gguf_path else None, gamma)
-        write_serving_files(staging / "serving", flags)
+        warning = not_worth_serving(ctx.known)
+        write_serving_files(staging / "serving", flags, warning)
         checks = {}
         if settings.verify_prompts:
             checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, decode,
                                 verify_prompt_ids[: settings.verify_prompts], verify_max_new_tokens)
         record = {"export_path": str(destination), "gamma": gamma, "flags": flags, "round_trip": checks,
+                  "worth_serving": warning is None,
                   "draft_vocab_size": len(draft.config.draft_vocab) if getattr(draft.config, "draft_vocab", None)
                   else None}
         (staging / "export.json").write_text(json.dumps(record, indent=2) + "\n")

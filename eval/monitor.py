@@ -1,0 +1,300 @@
+"""python -m eval.monitor [key=value ...]: speculative-decoding acceptance in production, per domain, and when a
+domain's draft needs retraining. Meant for cron or a Kubernetes CronJob, run at least once per window.
+
+Each run reads what its sources gave since the last run (request logs; Prometheus metrics of vLLM, SGLang or
+llama-server), adds it to each domain's windows, judges the windows that are complete, and raises an alert
+after `alert_after` consecutive low windows (eval/drift.py). An alert may run `retrain_command`, which runs to
+its end within the run. The state lives in `state_dir` (state.json); a second monitor started while one
+runs there does nothing.
+
+Exit codes:
+  0  healthy, or no data (and a monitor that found another one running)
+  1  drift: an alert was raised this run
+  2  an error in the monitor's configuration or input: no source configured, an unreadable state, an
+     override Hydra cannot apply
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import logging
+import shlex
+import subprocess
+import sys
+import time
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator, Optional
+from urllib.parse import urlsplit
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from decode.errors import ConfigError, SpecdraftError
+from decode.files import remove_stale_staging, write_json
+from eval.config import MonitorConfig
+from eval.drift import (LOW, NO_DATA, Alert, Counts, DomainState, LowWindow, Observation, Retrain, WindowResult,
+                        add_observation, iso_minute, judge, take_complete_windows, track, window_of)
+from eval.production import (CounterReading, LogPosition, Problems, is_domain_name, parse_time, read_metrics,
+                             read_request_logs)
+
+EXIT_HEALTHY, EXIT_DRIFT, EXIT_ERROR = 0, 1, ConfigError.exit_code
+STATE_FILE, LOCK_FILE, STATE_VERSION = "state.json", "monitor.lock", 1
+
+log = logging.getLogger("eval.monitor")  # by name: run with -m, __name__ is "__main__"
+
+ConfigStore.instance().store(name="monitor_schema", node=MonitorConfig)
+
+
+@dataclass
+class MonitorState:
+    judged_until: Optional[int] = None  # end of the last complete window judged: counts for earlier ones are late
+    log_positions: dict[str, LogPosition] = field(default_factory=dict)  # file identity -> where reading stopped
+    counters: dict[str, dict[str, CounterReading]] = field(default_factory=dict)  # source -> series -> last reading
+    domains: dict[str, DomainState] = field(default_factory=dict)
+
+
+@dataclass
+class RunOutcome:
+    skipped: bool = False  # another monitor held the lock
+    windows: list[WindowResult] = field(default_factory=list)  # judged this run
+    alerts: list[str] = field(default_factory=list)  # the domains alerted this run
+    retrains: dict[str, Retrain] = field(default_factory=dict)  # the retrains run this run, by domain
+    problems: Problems = field(default_factory=Problems)
+    late: Counts = field(default_factory=Counts)  # arrived for windows already judged: not counted
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_DRIFT if self.alerts else EXIT_HEALTHY
+
+
+def run(config: MonitorConfig) -> RunOutcome:
+    validate(config)
+    now = time.time() if config.now is None else parse_time(config.now)
+    state_dir = Path(config.state_dir)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ConfigError(f"monitor: state_dir {state_dir} cannot be made: {error.strerror}") from None
+    with exclusive_lock(state_dir / LOCK_FILE) as held:
+        if not held:
+            log.info("another monitor holds %s: this one does nothing", state_dir / LOCK_FILE)
+            return RunOutcome(skipped=True)
+        remove_stale_staging(state_dir)
+        state_path = state_dir / STATE_FILE
+        state = load_state(state_path)
+        outcome = RunOutcome()
+        reopen_interrupted_retrains(state)
+        collect(config, state, now, outcome)
+        report_problems(outcome)
+        judge_complete_windows(config, state, now, outcome)
+
+        def save() -> None:
+            write_json(state_path, state_as_json(state))
+
+        save()
+        if config.retrain_command:
+            retrain_drifted(config, state, state_dir, now, outcome, save)
+    log.info("%d windows judged; %s; exit %d", len(outcome.windows),
+             f"alert on {', '.join(outcome.alerts)}" if outcome.alerts else "no alert", outcome.exit_code)
+    return outcome
+
+
+def validate(config: MonitorConfig) -> None:
+    if not config.request_logs and not config.metrics:
+        raise ConfigError("monitor: no source configured: set request_logs=[...] and/or metrics=[{url: ...}]")
+    for source in config.metrics:
+        if (source.url is None) == (source.file is None):
+            raise ConfigError(f"monitor: a metrics source needs one of url and file, got {source}")
+        if source.url is not None and urlsplit(source.url).scheme not in ("http", "https"):
+            raise ConfigError(f"monitor: metrics url {source.url!r} is not http(s)")
+    named = [source.domain for source in config.metrics if source.domain is not None] + list(config.domains.values())
+    for domain in named:
+        if not is_domain_name(domain):
+            raise ConfigError(f"monitor: domain {domain!r} is not a name of letters, digits, _ . -")
+    checks = {"window_s > 0": config.window_s > 0, "min_drafted >= 1": config.min_drafted >= 1,
+              "0 < threshold <= 1": 0 < config.threshold <= 1, "alert_after >= 1": config.alert_after >= 1,
+              "scrape_timeout_s > 0": config.scrape_timeout_s > 0}
+    for rule, holds in checks.items():
+        if not holds:
+            raise ConfigError(f"monitor: need {rule}")
+    if config.now is not None:
+        try:
+            parse_time(config.now)
+        except ValueError as error:
+            raise ConfigError(f"monitor: now: {error}") from None
+
+
+@contextmanager
+def exclusive_lock(path: Path) -> Iterator[bool]:
+    """Hold an exclusive lock on `path` for the block; -> False at once, without waiting, when another holds it."""
+    with open(path, "a") as handle:  # "a": made when missing, never truncated
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held = True
+        except BlockingIOError:
+            held = False
+        yield held
+
+
+def collect(config: MonitorConfig, state: MonitorState, now: float, outcome: RunOutcome) -> None:
+    def record(observation: Observation) -> None:
+        domain_state = state.domains.setdefault(observation.domain, DomainState())
+        outcome.late += add_observation(domain_state, observation, config.window_s, state.judged_until)
+
+    state.log_positions = read_request_logs(config.request_logs, state.log_positions, outcome.problems, record)
+    state.counters = read_metrics(config, state.counters, now, outcome.problems, record)
+
+
+def report_problems(outcome: RunOutcome) -> None:
+    problems = outcome.problems
+    for kind, count in problems.counts.items():
+        for example in problems.examples[kind]:
+            log.warning("%s: %s", kind, example)
+        if count > len(problems.examples[kind]):
+            log.warning("%s: %d more", kind, count - len(problems.examples[kind]))
+    if outcome.late.drafted or outcome.late.rate_samples:
+        log.warning("%.0f drafted tokens and %d rate samples arrived for windows already judged: not counted",
+                    outcome.late.drafted, outcome.late.rate_samples)
+
+
+def judge_complete_windows(config: MonitorConfig, state: MonitorState, now: float, outcome: RunOutcome) -> None:
+    for domain, domain_state in sorted(state.domains.items()):
+        for start, counts in take_complete_windows(domain_state, now, config.window_s):
+            result = judge(domain, start, counts, config)
+            outcome.windows.append(result)
+            log.info("%s", describe(result, domain_state, config))
+            event = track(domain_state, result, config.alert_after, now)
+            if event == "alert":
+                outcome.alerts.append(domain)
+                log.warning("%s", describe_alert(domain, domain_state.alert, config))
+            elif event == "recovered":
+                log.info("%s recovered: its drift is closed", domain)
+    state.judged_until = max(state.judged_until or 0, window_of(now, config.window_s))
+
+
+def describe(result: WindowResult, domain_state: DomainState, config: MonitorConfig) -> str:
+    """One line for a window, as its domain stood before it."""
+    counts, when = result.counts, f"{result.domain} {iso_minute(result.start)}"
+    if result.status == NO_DATA:
+        return f"{when}: no data ({counts.drafted:.0f} drafted tokens, fewer than {config.min_drafted})"
+    basis = f"{counts.drafted:.0f} drafted tokens" if counts.drafted else f"{counts.rate_samples} rate samples"
+    if result.status == LOW:
+        if domain_state.alert:
+            return f"{when}: alpha {result.alpha:.3f} over {basis}, low (drift open)"
+        in_a_row = len(domain_state.low_run) + 1
+        return f"{when}: alpha {result.alpha:.3f} over {basis}, low ({in_a_row} of {config.alert_after} in a row)"
+    return f"{when}: alpha {result.alpha:.3f} over {basis}, {result.status}"
+
+
+def describe_alert(domain: str, alert: Alert, config: MonitorConfig) -> str:
+    windows = ", ".join(f"{iso_minute(window.start)} {window.alpha:.3f}" for window in alert.windows)
+    return f"drift: {domain} below alpha {config.threshold} in {len(alert.windows)} consecutive windows: {windows}"
+
+
+def reopen_interrupted_retrains(state: MonitorState) -> None:
+    """A retrain still marked running was cut short with its monitor (this one holds the lock): it failed."""
+    for domain, domain_state in state.domains.items():
+        retrain = domain_state.alert.retrain if domain_state.alert else None
+        if retrain is not None and retrain.running_since is not None:
+            log.warning("the retrain of %s started %s did not finish (its monitor was stopped): it runs again",
+                        domain, iso_minute(retrain.running_since))
+            retrain.running_since, retrain.exit_code = None, None
+
+
+def retrain_drifted(config: MonitorConfig, state: MonitorState, state_dir: Path, now: float, outcome: RunOutcome,
+                    save: Callable[[], None]) -> None:
+    """Run the retrain of each open drift that has no successful one yet: a failed one is tried again each run."""
+    for domain, domain_state in sorted(state.domains.items()):
+        alert = domain_state.alert
+        if alert is None or alert.retrain.succeeded:
+            continue
+        retrain = alert.retrain
+        retrain.command = [arg.replace("{domain}", domain) for arg in config.retrain_command]
+        retrain.log = str(state_dir / f"retrain-{domain}.log")
+        retrain.attempts += 1
+        retrain.running_since = now
+        save()
+        retrain.exit_code = run_command(retrain.command, Path(retrain.log), domain, retrain.attempts)
+        retrain.running_since = None
+        save()
+        outcome.retrains[domain] = retrain
+        if retrain.succeeded:
+            # Promotion, serving the retrained draft in place of the drifted one, is not the monitor's: nothing
+            # here compares the two or reconfigures an engine. The drift stays open (and is not retrained again)
+            # until a healthy window shows a draft that serves the domain well.
+            log.info("retrain of %s succeeded; promoting its draft to serving is left to the operator", domain)
+        else:
+            log.error("retrain of %s failed (exit %s, attempt %d), see %s: it runs again on the next run",
+                      domain, retrain.exit_code, retrain.attempts, retrain.log)
+
+
+def run_command(command: list[str], output: Path, domain: str, attempt: int) -> int:
+    log.info("retraining %s (attempt %d): %s >> %s", domain, attempt, shlex.join(command), output)
+    with open(output, "a") as sink:  # the command's own log, appended to by the command
+        try:
+            return subprocess.run(command, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT).returncode
+        except OSError as error:
+            log.error("retrain of %s cannot start: %s", domain, error)
+            return 127  # as a shell reports a command it cannot run
+
+
+def state_as_json(state: MonitorState) -> dict:
+    return {"version": STATE_VERSION, **asdict(state)}
+
+
+def load_state(path: Path) -> MonitorState:
+    if not path.exists():
+        return MonitorState()
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if data.get("version") != STATE_VERSION:
+            raise ValueError(f"version {data.get('version')!r}, not {STATE_VERSION}")
+        return MonitorState(
+            judged_until=data["judged_until"],
+            log_positions={identity: LogPosition(**position) for identity, position in data["log_positions"].items()},
+            counters={source: {series: CounterReading(**reading) for series, reading in by_series.items()}
+                      for source, by_series in data["counters"].items()},
+            domains={domain: domain_state_from_json(value) for domain, value in data["domains"].items()})
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
+        raise ConfigError(f"monitor state {path} cannot be read ({type(error).__name__}: {error}); move it aside "
+                          "to start afresh (the windows in progress and the open alerts are lost)") from None
+
+
+def domain_state_from_json(data: dict) -> DomainState:
+    alert = data["alert"]
+    if alert is not None:
+        alert = Alert(windows=[LowWindow(**window) for window in alert["windows"]], raised_at=alert["raised_at"],
+                      retrain=Retrain(**alert["retrain"]))
+    return DomainState(pending={int(start): Counts(**counts) for start, counts in data["pending"].items()},
+                       low_run=[LowWindow(**window) for window in data["low_run"]], alert=alert)
+
+
+_exit_code = EXIT_HEALTHY  # set by main, read by cli: Hydra's own failures exit 1 too
+
+
+@hydra.main(config_path="../conf", config_name="monitor", version_base=None)
+def main(cfg: DictConfig) -> None:
+    global _exit_code
+    try:
+        _exit_code = run(OmegaConf.to_object(cfg)).exit_code
+    except SpecdraftError as error:
+        print(f"error: {error}", file=sys.stderr)
+        _exit_code = error.exit_code
+
+
+def cli() -> int:
+    """Run main; -> its exit code. Hydra exits 1 on an override it cannot apply (and on a crash), which would
+    read as drift here: that is 2. After --help it exits 0."""
+    try:
+        main()
+    except SystemExit as stop:
+        return EXIT_ERROR if stop.code else EXIT_HEALTHY
+    return _exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(cli())
