@@ -134,20 +134,21 @@ def check_pair(target, draft, target_tok, draft_tok, check_chat_template: bool =
         raise PairError("draft and target are on different devices; set pair.draft.device like the target's")
 
 
+def load_draft(target, target_tokenizer, spec: ModelSpec) -> tuple[torch.nn.Module, object]:
+    """-> (draft, its tokenizer): a model at spec.path, else a fresh or derived draft over the target's tokenizer."""
+    if spec.path:  # a path wins over derive_layers, so pair.draft.path=... alone switches drafts
+        return load_model(spec), load_tokenizer(spec)
+    if spec.fresh:
+        return fresh_draft(target, dict(spec.fresh)), target_tokenizer
+    if spec.derive_layers:
+        return derive_draft(target, spec.derive_layers), target_tokenizer
+    raise PairError("the draft needs pair.draft.path (a model), pair.draft.fresh (a new config) or "
+                    "pair.draft.derive_layers (N target layers)")
+
+
 def load_pair(target_spec: ModelSpec, draft_spec: ModelSpec, check_chat_template: bool = True) -> ModelPair:
     tokenizer = load_tokenizer(target_spec)
     target = load_model(target_spec)
-    if draft_spec.path:  # a path wins over derive_layers, so pair.draft.path=... alone switches drafts
-        draft_tokenizer = load_tokenizer(draft_spec)
-        draft = load_model(draft_spec)
-    elif draft_spec.fresh:
-        draft_tokenizer = tokenizer
-        draft = fresh_draft(target, dict(draft_spec.fresh))
-    elif draft_spec.derive_layers:
-        draft_tokenizer = tokenizer
-        draft = derive_draft(target, draft_spec.derive_layers)
-    else:
-        raise PairError("the draft needs pair.draft.path (a model), pair.draft.fresh (a new config) or "
-                        "pair.draft.derive_layers (N target layers)")
+    draft, draft_tokenizer = load_draft(target, tokenizer, draft_spec)
     check_pair(target, draft, tokenizer, draft_tokenizer, check_chat_template)
     return ModelPair(target, draft, tokenizer, target_spec.backend, draft_spec.backend)

@@ -38,3 +38,17 @@ class MonitorConfig:
     alert_after: int = 3  # consecutive low windows
     retrain_command: List[str] = field(default_factory=list)  # run on an alert, "{domain}" substituted; []: none
     now: Optional[str] = None  # ISO-8601 or unix seconds; None: the wall clock
+
+
+@dataclass
+class ReportConfig:
+    """python -m eval: drafts measured against their target on the held-out prompts of each domain."""
+
+    drafts: List[Optional[str]] = field(default_factory=list)  # several drafts to compare; null: the pair's own
+    domains: List[str] = field(default_factory=list)  # []: every shipped domain
+    max_prompts: int = 64  # held-out prompts per domain
+    max_new_tokens: int = 64
+    batch_size: int = 1  # the intervals resample batches: prompts at batch size 1
+    compare_ar: bool = True  # also decode each batch autoregressively, for the speedup
+    bootstrap_samples: int = 1000  # resamples behind each 95% interval (0: no intervals)
+    output_dir: Optional[str] = None  # None: Hydra's run directory, outputs/eval/<time>

@@ -5,7 +5,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("decode", "distill", "eval", "train")  # a package may import those before it, never those after
-COMMANDS = {"train.__main__", "decode.bench"}  # command-line entry points may import any package
+COMMANDS = {"train.__main__", "eval.__main__", "decode.bench"}  # command-line entry points may import any package
 
 
 def project_modules() -> dict[str, Path]:

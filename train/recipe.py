@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
 from decode.errors import TrainingDiverged
-from decode.files import publish
+from decode.files import publish, remove_stale_staging
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.data import Example, collate
 from distill.losses import LOSSES, coarse_grained, masked_sum
@@ -244,8 +244,7 @@ class DistillationRecipe:
     def _resume(self) -> None:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
         if self.accelerator.is_main_process:
-            for partial in self.checkpoint_dir.glob(".tmp-step-*"):  # left by a run killed while saving
-                shutil.rmtree(partial, ignore_errors=True)
+            remove_stale_staging(self.checkpoint_dir)  # left by a run killed while saving
         self.accelerator.wait_for_everyone()
         latest = self._latest_checkpoint()
         if latest is None:

@@ -1,0 +1,425 @@
+"""Drafts measured against their target inside the speculative decoder, domain by domain: the report.
+
+Every figure comes from summed counts (alpha = sum accepted / sum drafted), per domain and pooled over the
+domains. AR is decoded on the same batches, interleaved with the drafts, once per domain and shared by all
+drafts, so that speedups compare like with like. The 95% intervals come from a bootstrap over the batches
+(prompts, at batch size 1): resample them with replacement, recompute the ratio of sums.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+from matplotlib.figure import Figure
+from tqdm.auto import tqdm
+
+from decode.config import DecodeConfig, PairConfig
+from decode.errors import ConfigError, PairError
+from decode.files import published, write_json, write_text
+from decode.metrics import DecodeMetrics
+from decode.models import ModelSpec
+from decode.pair import ModelPair, check_pair, load_draft, load_pair
+from distill.config import DomainConfig
+from distill.data import load_domain_prompts, shipped_domains
+from eval.acceptance import draft_cost_ratio, expected_tokens_per_round, recommended_gamma
+from eval.config import ReportConfig
+
+LOW_ALPHA = 0.4
+HIGH_ALPHA = 0.6
+LARGE_DRAFT_SHARE = 0.25  # draft parameters over target parameters
+INTERVAL_LEVEL = 0.95
+ALL_DOMAINS = "all"  # the pooled row of the tables and plots
+
+
+@dataclass
+class Draft:
+    label: str  # its path, or how the pair derives it
+    model: torch.nn.Module
+
+
+@dataclass
+class DomainDecodes:
+    """One domain's decodes: a DecodeMetrics per batch of prompts, for AR and for each draft."""
+
+    ar: list[DecodeMetrics]
+    by_draft: dict[str, list[DecodeMetrics]]
+
+
+def validate(settings: ReportConfig, decode: DecodeConfig, pair: PairConfig) -> None:
+    """Refuses impossible settings before any model is loaded."""
+    decode.validate()
+    for name in ("max_prompts", "max_new_tokens", "batch_size"):
+        if getattr(settings, name) < 1:
+            raise ConfigError(f"eval.{name} must be >= 1, got {getattr(settings, name)}")
+    if settings.bootstrap_samples < 0:
+        raise ConfigError(f"eval.bootstrap_samples must be >= 0, got {settings.bootstrap_samples}")
+    if pair.draft.path and settings.drafts:
+        raise ConfigError("give the drafts either as pair.draft.path=PATH or as eval.drafts=[A,B], not both")
+    if len(set(settings.drafts)) < len(settings.drafts):
+        raise ConfigError(f"eval.drafts names a draft twice: {settings.drafts}")
+    shipped = shipped_domains()
+    unknown = [domain for domain in settings.domains if domain not in shipped]
+    if unknown:
+        raise ConfigError(f"eval.domains: unknown domain(s) {unknown}; shipped: {shipped}")
+
+
+def draft_label(spec: ModelSpec) -> str:
+    if spec.path:
+        return spec.path
+    return f"fresh {spec.fresh}" if spec.fresh else f"derive_layers={spec.derive_layers}"
+
+
+def check_draft_path(path: str) -> None:
+    """A path that names a local file or directory must exist (otherwise it would be looked up on the hub)."""
+    local = "://" not in path and (path.startswith(("/", ".")) or path.count("/") > 1)
+    if local and not Path(path).exists():
+        raise PairError(f"draft not found: {path} (no such file or directory)")
+
+
+def load_drafts(pair_config: PairConfig, entries: list[str | None]) -> tuple[ModelPair, list[Draft]]:
+    """The target with each draft; an entry None is the pair's own draft (pair.draft as configured)."""
+    specs = [pair_config.draft if entry is None else replace(pair_config.draft, path=entry) for entry in entries]
+    for spec in specs:
+        if spec.path:
+            check_draft_path(spec.path)
+    try:
+        pair = load_pair(pair_config.target, specs[0], pair_config.check_chat_template)
+    except OSError as error:
+        raise load_failure(f"{pair_config.target.path} or {draft_label(specs[0])}", error) from None
+    drafts = [Draft(draft_label(specs[0]), pair.draft)]
+    drafts += [Draft(draft_label(spec), load_another_draft(pair, spec, pair_config.check_chat_template))
+               for spec in specs[1:]]
+    return pair, drafts
+
+
+def load_failure(names: str, error: OSError) -> PairError:
+    """What transformers says when a model is neither on disk nor reachable on the hub, as one line."""
+    return PairError(f"{names} cannot be loaded ({str(error).splitlines()[0]}); a model is a directory, "
+                     f"a .gguf file or a hub id")
+
+
+def load_another_draft(pair: ModelPair, spec: ModelSpec, check_chat_template: bool) -> torch.nn.Module:
+    """A draft besides the pair's own, made and checked against the target as load_pair does."""
+    try:
+        draft, tokenizer = load_draft(pair.target, pair.tokenizer, spec)
+    except OSError as error:
+        raise load_failure(spec.path, error) from None
+    check_pair(pair.target, draft, pair.tokenizer, tokenizer, check_chat_template)
+    return draft
+
+
+def heldout_prompt_ids(pair: ModelPair, domains: list[str], max_prompts: int) -> dict[str, list[list[int]]]:
+    """domain -> its first max_prompts held-out prompts, through the target's chat template."""
+    prompt_ids = {}
+    for domain in domains:
+        domain_config = DomainConfig(name=domain)
+        heldout = load_domain_prompts(domain_config).heldout[:max_prompts]
+        prompt_ids[domain] = pair.encode_chat([prompt.text for prompt in heldout], domain_config.system_prompt)
+    return prompt_ids
+
+
+def warm_up(pair: ModelPair, drafts: list[Draft], prompt: list[int], decode: DecodeConfig) -> None:
+    """One short uncounted decode per mode: first calls allocate, and would slow the first domain's figures."""
+    sampling = decode.sampling()
+    pair.decoder(drafts[0].model).generate([prompt[:16]], 4, sampling)
+    for draft in drafts:
+        pair.decoder(draft.model).generate([prompt[:16]], 4, sampling, decode.gamma_policy())
+
+
+def decode_domain(pair: ModelPair, drafts: list[Draft], prompt_ids: list[list[int]], settings: ReportConfig,
+                  decode: DecodeConfig, seed: int, domain: str) -> DomainDecodes:
+    """Each batch through every draft, then AR; the same seed per batch for all of them."""
+    sampling, policy = decode.sampling(), decode.gamma_policy()
+    decoders = {draft.label: pair.decoder(draft.model) for draft in drafts}
+    decodes = DomainDecodes(ar=[], by_draft={label: [] for label in decoders})
+    batches = [prompt_ids[at: at + settings.batch_size] for at in range(0, len(prompt_ids), settings.batch_size)]
+    for index, batch in enumerate(tqdm(batches, desc=f"eval {domain}", unit="batch")):
+        for label, decoder in decoders.items():
+            generation = decoder.generate(batch, settings.max_new_tokens, sampling, policy, seed=seed + index)
+            decodes.by_draft[label].append(generation.metrics)
+        if settings.compare_ar:
+            ar_decoder = decoders[drafts[0].label]  # AR runs the target alone: any draft's decoder will do
+            decodes.ar.append(ar_decoder.generate(batch, settings.max_new_tokens, sampling,
+                                                  seed=seed + index).metrics)
+    return decodes
+
+
+def bootstrap_interval(columns: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray], samples: int,
+                       seed: int, level: float = INTERVAL_LEVEL) -> list[float] | None:
+    """A percentile interval for statistic(column sums), the rows (batches of prompts) resampled with replacement.
+
+    columns: [rows, k] counts and seconds per row; statistic maps sums [samples, k] to values [samples].
+    None when there is nothing to resample, or no resample gives a finite value.
+    """
+    rows = columns.shape[0]
+    if samples < 1 or rows == 0:
+        return None
+    # each resample as how often it draws each row: sums are then one matrix product
+    weights = np.random.default_rng(seed).multinomial(rows, np.full(rows, 1 / rows), size=samples)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = statistic(weights @ columns)
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return None
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return [float(low), float(high)]
+
+
+def ratio_of_sums(sums: np.ndarray) -> np.ndarray:
+    return sums[:, 0] / sums[:, 1]
+
+
+def ratio_of_rates(sums: np.ndarray) -> np.ndarray:
+    """(tokens / seconds) / (AR tokens / AR seconds), from columns in that order."""
+    return (sums[:, 0] / sums[:, 1]) / (sums[:, 2] / sums[:, 3])
+
+
+def finite(value: float | None) -> float | None:
+    """JSON has no NaN: a rate with nothing to divide by is None."""
+    return None if value is None or math.isnan(value) else value
+
+
+def draft_figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], decode: DecodeConfig, samples: int,
+                  seed: int) -> dict:
+    """One draft on a set of batches: summed counts first (so that reports merge), then the rates."""
+    total = sum(spec, DecodeMetrics())
+    ar_total = sum(ar, DecodeMetrics()) if ar else None
+    gamma = decode.gamma_policy().gamma
+    acceptance = total.token_acceptance
+    cost_ratio = draft_cost_ratio(total.to_dict())
+    measured = not math.isnan(acceptance) and not math.isnan(cost_ratio)
+    alpha_columns = np.array([[m.accepted, m.drafted] for m in spec], dtype=float).reshape(-1, 2)
+    figures = {
+        "prompts": total.sequences, "tokens": total.tokens, "drafted": total.drafted, "accepted": total.accepted,
+        "rejected": total.rejected, "counts": asdict(total), "ar_counts": asdict(ar_total) if ar_total is not None else None,
+        "alpha": finite(total.alpha),
+        "alpha_interval": bootstrap_interval(alpha_columns, ratio_of_sums, samples, seed),
+        "token_acceptance": finite(acceptance),
+        "mean_accepted_length": finite(total.mean_accepted_length),
+        "acceptance_by_position": [finite(rate) for rate in total.acceptance_by_position()],
+        "tokens_per_s": finite(total.tokens_per_s),
+        "ar_tokens_per_s": None, "speedup": None, "speedup_interval": None,
+        "draft_cost_ratio": finite(cost_ratio),
+        "gamma": gamma,
+        "predicted_speedup": (expected_tokens_per_round(acceptance, gamma) / (1 + gamma * cost_ratio)
+                              if measured else None),
+        "recommended_gamma": (recommended_gamma(acceptance, cost_ratio, min_gamma=decode.min_gamma,
+                                                max_gamma=decode.max_gamma) if measured else None),
+    }
+    if ar_total is not None:
+        speed_columns = np.array([[m.tokens, m.total_s, a.tokens, a.total_s] for m, a in zip(spec, ar)])
+        figures.update(ar_tokens_per_s=finite(ar_total.tokens_per_s),
+                       speedup=finite(total.tokens_per_s / ar_total.tokens_per_s),
+                       speedup_interval=bootstrap_interval(speed_columns, ratio_of_rates, samples, seed))
+    return figures
+
+
+def parameter_count(model: torch.nn.Module) -> int:
+    return sum(parameter.numel() for parameter in model.parameters())
+
+
+def winner(figures_by_draft: dict[str, dict]) -> str:
+    """The draft with the highest speedup; alpha breaks ties, and decides alone when AR was not decoded."""
+    def rank(label: str) -> tuple[float, float]:
+        figures = figures_by_draft[label]
+        return tuple(-math.inf if figures[key] is None else figures[key] for key in ("speedup", "alpha"))
+
+    return max(figures_by_draft, key=rank)
+
+
+def advice(drafts: dict[str, dict]) -> list[str]:
+    """What the measurements call for, one line each, naming the draft when several were measured."""
+    lines = []
+    for label, draft in drafts.items():
+        prefix = f"{label}: " if len(drafts) > 1 else ""
+        if draft["parameter_share"] > LARGE_DRAFT_SHARE:
+            lines.append(f"{prefix}the draft has {draft['parameter_share']:.0%} of the target's parameters "
+                         f"(more than {LARGE_DRAFT_SHARE:.0%}): speculation may not pay")
+        for domain, figures in draft["domains"].items():
+            alpha, speedup = figures["alpha"], figures["speedup"]
+            if alpha is not None and alpha < LOW_ALPHA:
+                lines.append(f"{prefix}{domain}: alpha {alpha:.2f} < {LOW_ALPHA}: check the tokenizer, the chat "
+                             f"template and the domain the draft was trained on")
+            elif alpha is not None and alpha >= HIGH_ALPHA and speedup is not None and speedup < 1:
+                lines.append(f"{prefix}{domain}: alpha {alpha:.2f} but speedup {speedup:.2f}x: the draft is too "
+                             f"large for this target, or gamma too large: use the recommended gamma "
+                             f"({figures['recommended_gamma']})")
+    return lines
+
+
+def build_report(pair_config: PairConfig, decode: DecodeConfig, settings: ReportConfig, seed: int,
+                 target_parameters: int, drafts: list[Draft], decodes: dict[str, DomainDecodes]) -> dict:
+    """All figures in one plain dict: the first draft's at the top, every draft's under `drafts` when several."""
+    def figures_of(spec: list[DecodeMetrics], ar: list[DecodeMetrics]) -> dict:
+        return draft_figures(spec, ar, decode, settings.bootstrap_samples, seed)
+
+    pooled_ar = [metrics for domain in decodes.values() for metrics in domain.ar]
+    by_draft = {}
+    for draft in drafts:
+        parameters = parameter_count(draft.model)
+        by_draft[draft.label] = {
+            "parameters": parameters, "parameter_share": parameters / target_parameters,
+            "domains": {name: figures_of(domain.by_draft[draft.label], domain.ar) for name, domain in decodes.items()},
+            "overall": figures_of([m for domain in decodes.values() for m in domain.by_draft[draft.label]], pooled_ar),
+        }
+    first = by_draft[drafts[0].label]
+    report = {
+        "target": pair_config.target.path, "target_parameters": target_parameters, "draft": drafts[0].label,
+        "settings": {**asdict(settings), "seed": seed, "decode": asdict(decode)},
+        "domains": first["domains"], "overall": first["overall"],
+        "draft_parameters": first["parameters"], "draft_parameter_share": first["parameter_share"],
+    }
+    if len(drafts) > 1:
+        report["drafts"] = by_draft
+        report["winners"] = {
+            **{name: winner({label: draft["domains"][name] for label, draft in by_draft.items()}) for name in decodes},
+            ALL_DOMAINS: winner({label: draft["overall"] for label, draft in by_draft.items()}),
+        }
+    report["advice"] = advice(by_draft)
+    return report
+
+
+def evaluate(pair_config: PairConfig, decode: DecodeConfig, settings: ReportConfig, seed: int) -> dict:
+    """Load the target and the drafts, decode every domain's held-out prompts with each, -> the report."""
+    validate(settings, decode, pair_config)
+    domains = list(settings.domains) or shipped_domains()
+    pair, drafts = load_drafts(pair_config, list(settings.drafts) or [pair_config.draft.path])
+    prompt_ids = heldout_prompt_ids(pair, domains, settings.max_prompts)
+    warm_up(pair, drafts, prompt_ids[domains[0]][0], decode)
+    decodes = {domain: decode_domain(pair, drafts, prompt_ids[domain], settings, decode, seed, domain)
+               for domain in domains}
+    return build_report(pair_config, decode, settings, seed, parameter_count(pair.target), drafts, decodes)
+
+
+def report_drafts(report: dict) -> dict[str, dict]:
+    """label -> {domains, overall, parameters, parameter_share}, the single draft included."""
+    if "drafts" in report:
+        return report["drafts"]
+    return {report["draft"]: {"domains": report["domains"], "overall": report["overall"],
+                              "parameters": report["draft_parameters"],
+                              "parameter_share": report["draft_parameter_share"]}}
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _with_interval(value: float | None, interval: list[float] | None, spec: str) -> str:
+    if interval is None:
+        return _number(value, spec)
+    return f"{_number(value, spec)} [{format(interval[0], spec)}, {format(interval[1], spec)}]"
+
+
+TABLE_HEADER = ("| domain | prompts | drafted | alpha [95% CI] | token acceptance | accepted length | spec tok/s "
+                "| AR tok/s | speedup [95% CI] | predicted speedup | c | recommended gamma |\n"
+                "|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|")
+
+
+def table_row(name: str, figures: dict) -> str:
+    cells = [name, str(figures["prompts"]), str(figures["drafted"]),
+             _with_interval(figures["alpha"], figures["alpha_interval"], ".3f"),
+             _number(figures["token_acceptance"], ".3f"), _number(figures["mean_accepted_length"], ".2f"),
+             _number(figures["tokens_per_s"], ".1f"), _number(figures["ar_tokens_per_s"], ".1f"),
+             _with_interval(figures["speedup"], figures["speedup_interval"], ".2f"),
+             _number(figures["predicted_speedup"], ".2f"), _number(figures["draft_cost_ratio"], ".3f"),
+             _number(figures["recommended_gamma"], "d")]
+    return "| " + " | ".join(cells) + " |"
+
+
+def winner_line(name: str, label: str, draft: dict) -> str:
+    figures = draft["overall"] if name == ALL_DOMAINS else draft["domains"][name]
+    return (f"- {name}: `{label}` (speedup {_number(figures['speedup'], '.2f')}, "
+            f"alpha {_number(figures['alpha'], '.3f')})")
+
+
+def format_markdown(report: dict) -> str:
+    settings, decode = report["settings"], report["settings"]["decode"]
+    lines = ["# Draft acceptance", "",
+             f"Target `{report['target']}` ({report['target_parameters']:,} parameters). Up to "
+             f"{settings['max_prompts']} held-out prompts per domain, {settings['max_new_tokens']} new tokens, "
+             f"batch size {settings['batch_size']}; gamma {decode['gamma']}"
+             f"{' (dynamic)' if decode['dynamic_gamma'] else ''}, temperature {decode['temperature']}, "
+             f"top_p {decode['top_p']}, top_k {decode['top_k']}, seed {settings['seed']}.",
+             "alpha = accepted / drafted over the summed counts; intervals: "
+             f"{settings['bootstrap_samples']} bootstrap resamples of the "
+             f"{'prompts' if settings['batch_size'] == 1 else 'batches of prompts'}. Predicted speedup: "
+             "(1 + a + ... + a^gamma) / (1 + gamma c), a the token acceptance, c the measured draft cost ratio."]
+    for label, draft in report_drafts(report).items():
+        lines += ["", f"## Draft `{label}`", "",
+                  f"{draft['parameters']:,} parameters, {draft['parameter_share']:.0%} of the target's.", "",
+                  TABLE_HEADER]
+        lines += [table_row(name, figures) for name, figures in draft["domains"].items()]
+        lines.append(table_row(f"**{ALL_DOMAINS}**", draft["overall"]))
+    if "winners" in report:
+        lines += ["", "## Winner (by speedup, ties by alpha)", ""]
+        lines += [winner_line(name, label, report["drafts"][label]) for name, label in report["winners"].items()]
+    lines += ["", "## Advice", ""]
+    lines += [f"- {line}" for line in report["advice"]] or ["- none: the figures call for nothing"]
+    return "\n".join(lines) + "\n"
+
+
+def save_figure(figure: Figure, path: Path) -> None:
+    with published(path) as staging:
+        figure.savefig(staging, format="png", dpi=120)
+
+
+def error_bar(value: float | None, interval: list[float] | None) -> list[float]:
+    """[below, above] the value; a percentile interval may, rarely, leave its point estimate outside."""
+    if value is None or interval is None:
+        return [0.0, 0.0]
+    return [max(0.0, value - interval[0]), max(0.0, interval[1] - value)]
+
+
+def plot_alpha(report: dict, path: Path) -> None:
+    """alpha per domain (and pooled), one bar per draft, with its 95% interval."""
+    drafts = report_drafts(report)
+    names = [*report["domains"], ALL_DOMAINS]
+    figure = Figure(figsize=(2 + len(names) * (0.6 + 0.3 * len(drafts)), 4), layout="constrained")
+    axes = figure.subplots()
+    width = 0.8 / len(drafts)
+    for index, (label, draft) in enumerate(drafts.items()):
+        rows = [*draft["domains"].values(), draft["overall"]]
+        alphas = [math.nan if row["alpha"] is None else row["alpha"] for row in rows]
+        errors = [error_bar(row["alpha"], row["alpha_interval"]) for row in rows]
+        positions = np.arange(len(names)) + (index - (len(drafts) - 1) / 2) * width
+        axes.bar(positions, alphas, width, yerr=np.array(errors).T, capsize=3, label=label)
+    axes.axhline(LOW_ALPHA, color="grey", linestyle=":", linewidth=1)
+    axes.set_xticks(np.arange(len(names)), names)
+    axes.set_ylim(0, 1.05)
+    axes.set_ylabel("alpha (accepted / drafted)")
+    axes.set_title("Acceptance per domain, 95% bootstrap intervals")
+    if len(drafts) > 1:
+        figure.legend(loc="outside lower center", ncols=min(len(drafts), 3), fontsize="small")
+    save_figure(figure, path)
+
+
+def plot_acceptance_by_position(report: dict, path: Path) -> None:
+    """Acceptance at each draft position, a line per domain, a panel per draft."""
+    drafts = report_drafts(report)
+    figure = Figure(figsize=(5 * len(drafts), 4), layout="constrained")
+    panels = figure.subplots(1, len(drafts), sharey=True, squeeze=False)[0]
+    for axes, (label, draft) in zip(panels, drafts.items()):
+        for name, figures in [*draft["domains"].items(), (ALL_DOMAINS, draft["overall"])]:
+            rates = [math.nan if rate is None else rate for rate in figures["acceptance_by_position"]]
+            style = {"color": "black", "linewidth": 2} if name == ALL_DOMAINS else {}
+            axes.plot(range(1, len(rates) + 1), rates, marker="o", label=name, **style)
+        axes.set_xticks(range(1, len(draft["overall"]["acceptance_by_position"]) + 1))
+        axes.set_xlabel("draft position")
+        axes.set_title(label if len(drafts) > 1 else "Acceptance per draft position")
+        axes.set_ylim(0, 1.05)
+        axes.legend(fontsize="small")
+    figure.axes[0].set_ylabel("accepted / drafted at the position")
+    save_figure(figure, path)
+
+
+def write_report(report: dict, output_dir: Path) -> None:
+    output_dir.mkdir(parents=True, exist_ok=True)
+    write_json(output_dir / "report.json", report)
+    write_text(output_dir / "report.md", format_markdown(report))
+    plot_alpha(report, output_dir / "alpha_by_domain.png")
+    plot_acceptance_by_position(report, output_dir / "acceptance_by_position.png")

@@ -1,0 +1,176 @@
+"""python -m eval: the per-domain report of drafts against their target, on the tiny pair."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from hydra.core.global_hydra import GlobalHydra
+
+import eval.__main__ as eval_command
+from decode.config import DecodeConfig, PairConfig
+from decode.errors import PairError
+from decode.metrics import DecodeMetrics
+from decode.models import ModelSpec
+from decode.pair import load_pair
+from decode.tiny import tiny_llama, tiny_tokenizer
+from eval.config import ReportConfig
+from eval.report import (ALL_DOMAINS, DomainDecodes, Draft, bootstrap_interval, build_report, draft_figures,
+                         evaluate, load_drafts, ratio_of_sums, winner)
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
+                  draft=ModelSpec(derive_layers=1, dtype="float32", device="cpu"))
+DECODE = DecodeConfig()  # temperature 0.7: on the tiny pair the derived draft matches the target greedily
+SUMMED = ("prompts", "tokens", "drafted", "accepted", "rejected")
+ONE_THREAD = 1  # the tiny models decode twice as fast without thread hand-offs on a busy machine
+
+
+def metrics(accepted: int, drafted: int, tokens: int = 10, seconds: float = 1.0) -> DecodeMetrics:
+    """One prompt's counts and seconds at gamma 2."""
+    return DecodeMetrics(calls=1, sequences=1, tokens=tokens, rounds=drafted // 2, drafted=drafted,
+                         accepted=accepted, rejected=drafted // 2 - accepted // 2,
+                         drafted_per_position=[drafted // 2, drafted - drafted // 2],
+                         accepted_per_position=[accepted - accepted // 2, accepted // 2],
+                         draft_s=0.1 * seconds, verify_s=0.5 * seconds, total_s=seconds)
+
+
+@pytest.fixture(scope="module")
+def target_dir(tmp_path_factory):
+    """The tiny target saved as a model directory: as a draft it accepts every token."""
+    directory = tmp_path_factory.mktemp("target-as-draft")
+    pair = load_pair(TINY.target, TINY.draft)
+    pair.target.save_pretrained(directory)
+    pair.tokenizer.save_pretrained(directory)
+    return directory
+
+
+@pytest.fixture(scope="module")
+def comparison(target_dir):
+    """The pair's derived draft against the target itself, 2 domains x 2 prompts, ranked by alpha (no AR)."""
+    settings = ReportConfig(drafts=[None, str(target_dir)], domains=["chat", "math"], max_prompts=2,
+                            max_new_tokens=6, compare_ar=False, bootstrap_samples=200)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(ONE_THREAD)
+    try:
+        return evaluate(TINY, DECODE, settings, seed=0)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_bootstrap_interval_contains_the_ratio_of_sums():
+    rows = np.random.default_rng(3).integers(1, 40, size=(30, 2)).astype(float)
+    rows[:, 0] = np.minimum(rows[:, 0], rows[:, 1])
+    point = rows[:, 0].sum() / rows[:, 1].sum()
+    low, high = bootstrap_interval(rows, ratio_of_sums, samples=1000, seed=0)
+    assert low < point < high
+
+
+def test_bootstrap_interval_has_zero_width_when_every_prompt_gives_the_same_ratio():
+    rows = np.array([[3, 4], [6, 8], [30, 40], [9, 12]], dtype=float)
+    assert bootstrap_interval(rows, ratio_of_sums, samples=500, seed=1) == [0.75, 0.75]
+
+
+def test_bootstrap_interval_is_seeded_and_absent_without_resamples():
+    rows = np.array([[1, 4], [3, 4], [0, 5]], dtype=float)
+    assert bootstrap_interval(rows, ratio_of_sums, 300, seed=7) == bootstrap_interval(rows, ratio_of_sums, 300, seed=7)
+    assert bootstrap_interval(rows, ratio_of_sums, samples=0, seed=7) is None
+
+
+def test_alpha_is_the_ratio_of_summed_counts_not_a_mean_of_ratios():
+    figures = draft_figures([metrics(1, 2), metrics(1, 18)], [], DECODE, samples=100, seed=0)
+    assert figures["alpha"] == pytest.approx(2 / 20)  # a mean of the two ratios would be 0.53
+    assert figures["drafted"] == 20 and figures["accepted"] == 2 and figures["prompts"] == 2
+
+
+def test_pooled_figures_are_the_summed_domains_with_the_shared_ar_baseline():
+    decodes = {"code": DomainDecodes(ar=[metrics(0, 0, seconds=2.0)], by_draft={"d": [metrics(9, 10)]}),
+               "math": DomainDecodes(ar=[metrics(0, 0, seconds=1.0)] * 3, by_draft={"d": [metrics(1, 10)] * 3})}
+    report = build_report(TINY, DECODE, ReportConfig(bootstrap_samples=50), 0, 400,
+                          [Draft("d", torch.nn.Linear(10, 10))], decodes)
+    overall = report["overall"]
+    assert overall["alpha"] == pytest.approx(12 / 40)
+    assert overall["speedup"] == pytest.approx((40 / 4) / (40 / 5))
+    assert overall["ar_counts"]["total_s"] == pytest.approx(5.0)
+    assert report["draft_parameter_share"] == pytest.approx(110 / 400)
+
+
+def test_the_winner_has_the_highest_speedup_and_ties_go_to_alpha():
+    figures = {"small": {"speedup": 1.4, "alpha": 0.5}, "large": {"speedup": 1.1, "alpha": 0.9}}
+    assert winner(figures) == "small"
+    figures["large"]["speedup"] = 1.4
+    assert winner(figures) == "large"
+    assert winner({"a": {"speedup": None, "alpha": 0.3}, "b": {"speedup": None, "alpha": 0.6}}) == "b"
+
+
+def test_domain_counts_add_up_to_the_pooled_counts(comparison):
+    for draft in comparison["drafts"].values():
+        domains, overall = draft["domains"].values(), draft["overall"]
+        for key in SUMMED:
+            assert overall[key] == sum(figures[key] for figures in domains), key
+        for key in ("drafted_per_position", "accepted_per_position"):
+            assert overall["counts"][key] == [sum(column) for column in zip(*(f["counts"][key] for f in domains))]
+        assert overall["alpha"] == pytest.approx(overall["accepted"] / overall["drafted"])
+        assert overall["prompts"] == 4
+    assert comparison["domains"] == comparison["drafts"]["derive_layers=1"]["domains"]  # the first draft on top
+
+
+def test_the_target_as_its_own_draft_wins_every_domain(comparison, target_dir):
+    target_draft = comparison["drafts"][str(target_dir)]
+    assert target_draft["overall"]["alpha"] == 1.0
+    assert comparison["drafts"]["derive_layers=1"]["overall"]["alpha"] < 1.0
+    assert comparison["winners"] == {"chat": str(target_dir), "math": str(target_dir), ALL_DOMAINS: str(target_dir)}
+
+
+def test_a_missing_draft_path_is_a_user_error():
+    with pytest.raises(PairError, match="draft not found: /nonexistent/draft"):
+        load_drafts(TINY, ["/nonexistent/draft"])
+
+
+def test_a_draft_with_another_tokenizer_is_refused(tmp_path):
+    tokenizer = tiny_tokenizer(extra_tokens=4)
+    tiny_llama(len(tokenizer), num_layers=1).save_pretrained(tmp_path)
+    tokenizer.save_pretrained(tmp_path)
+    with pytest.raises(PairError, match="tokenizers differ"):
+        load_drafts(TINY, [None, str(tmp_path)])
+
+
+def run_cli(*overrides: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "eval", "pair=tiny", *overrides], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": str(ONE_THREAD)})
+
+
+@pytest.mark.slow
+def test_the_command_writes_the_report_files_and_prints_their_directory_last(tmp_path):
+    result = run_cli("eval.domains=[chat,math]", "eval.max_prompts=2", "eval.max_new_tokens=6",
+                     "eval.bootstrap_samples=200", f"hydra.run.dir={tmp_path}")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[-1] == str(tmp_path.resolve())
+    for name in ("report.json", "report.md", "alpha_by_domain.png", "acceptance_by_position.png"):
+        assert (tmp_path / name).stat().st_size > 0, name
+    report = json.loads((tmp_path / "report.json").read_text())
+    assert list(report["domains"]) == ["chat", "math"] and "drafts" not in report
+    ar_tokens = [figures["ar_counts"]["tokens"] for figures in report["domains"].values()]
+    assert report["overall"]["ar_counts"]["tokens"] == sum(ar_tokens) > 0
+    assert report["overall"]["speedup"] > 0 and report["overall"]["recommended_gamma"] in range(2, 9)
+    markdown = (tmp_path / "report.md").read_text()
+    assert "| chat | 2 |" in markdown and "| math | 2 |" in markdown and "## Advice" in markdown
+
+
+def test_an_unknown_domain_exits_with_one_line_naming_it(tmp_path, monkeypatch, capsys):
+    # main as `python -m eval` runs it, in this process: a second interpreter would double the test's time
+    monkeypatch.setattr(sys, "argv", ["eval", "pair=tiny", "eval.domains=[code,cooking]", f"hydra.run.dir={tmp_path}",
+                                      "hydra/job_logging=none", "hydra/hydra_logging=none"])
+    try:
+        with pytest.raises(SystemExit) as exit:
+            eval_command.main()
+    finally:
+        GlobalHydra.instance().clear()
+    assert exit.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "error: eval.domains: unknown domain(s) ['cooking']; shipped: "
+        "['chat', 'code', 'math', 'summarization', 'translation']"]
