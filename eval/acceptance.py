@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
+import numpy as np
 from tqdm.auto import tqdm
 
 from decode.metrics import DecodeMetrics
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy, SpeculativeDecoder
+
+BOOTSTRAP_SAMPLES = 1000  # resamples behind each 95% interval
+INTERVAL_LEVEL = 0.95
 
 
 def measure_acceptance(decoder: SpeculativeDecoder, prompt_ids: list[list[int]], sampling: SamplingParams,
@@ -14,23 +20,74 @@ def measure_acceptance(decoder: SpeculativeDecoder, prompt_ids: list[list[int]],
                        compare_ar: bool = True, description: str = "eval") -> dict:
     """Speculative decoding over the prompts (and AR on the same batches, interleaved, for the speed ratio).
 
-    Rates are computed from summed counts: alpha = accepted / drafted.
+    Rates are computed from summed counts: alpha = accepted / drafted; 95% intervals for alpha and the speed
+    ratio come from a bootstrap over the batches.
     """
-    speculative, autoregressive = DecodeMetrics(), DecodeMetrics()
+    speculative_batches, autoregressive_batches = [], []
     batches = [prompt_ids[at: at + batch_size] for at in range(0, len(prompt_ids), batch_size)]
     for index, batch in enumerate(tqdm(batches, desc=description, unit="batch")):
-        speculative += decoder.generate(batch, max_new_tokens, sampling, policy, seed=seed + index).metrics
+        speculative_batches.append(decoder.generate(batch, max_new_tokens, sampling, policy, seed=seed + index).metrics)
         if compare_ar:
-            autoregressive += decoder.generate(batch, max_new_tokens, sampling, seed=seed + index).metrics
+            autoregressive_batches.append(decoder.generate(batch, max_new_tokens, sampling, seed=seed + index).metrics)
+    speculative = sum(speculative_batches, DecodeMetrics())
+    autoregressive = sum(autoregressive_batches, DecodeMetrics())
+    intervals = acceptance_intervals(speculative_batches, autoregressive_batches, BOOTSTRAP_SAMPLES, seed)
     report = {"alpha": speculative.alpha, "token_acceptance": speculative.token_acceptance,
               "mean_accepted_length": speculative.mean_accepted_length,
               "tokens_per_s": speculative.tokens_per_s,
               "acceptance_by_position": speculative.acceptance_by_position(),
-              "counts": speculative.to_dict()}
+              "alpha_interval": intervals["alpha_interval"], "counts": speculative.to_dict()}
     if compare_ar:
         report.update(ar_tokens_per_s=autoregressive.tokens_per_s,
-                      speedup_vs_ar=speculative.tokens_per_s / autoregressive.tokens_per_s)
+                      speedup_vs_ar=speculative.tokens_per_s / autoregressive.tokens_per_s,
+                      speedup_interval=intervals["speedup_interval"])
     return report
+
+
+def acceptance_intervals(speculative: list[DecodeMetrics], autoregressive: list[DecodeMetrics] | None,
+                         samples: int, seed: int) -> dict:
+    """95% intervals for alpha and the speed ratio, by a bootstrap over the batches (prompts at batch size 1);
+    the speed interval needs an AR decode of the same batches."""
+    alpha_columns = np.array([[m.accepted, m.drafted] for m in speculative], dtype=float).reshape(-1, 2)
+    intervals = {"alpha_interval": bootstrap_interval(alpha_columns, ratio_of_sums, samples, seed),
+                 "speedup_interval": None}
+    if autoregressive:
+        speed_columns = np.array([[m.tokens, m.total_s, a.tokens, a.total_s]
+                                  for m, a in zip(speculative, autoregressive)])
+        intervals["speedup_interval"] = bootstrap_interval(speed_columns, ratio_of_rates, samples, seed)
+    return intervals
+
+
+def bootstrap_interval(columns: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray], samples: int,
+                       seed: int, level: float = INTERVAL_LEVEL) -> list[float] | None:
+    """A percentile interval for statistic(column sums), the rows (batches of prompts) resampled with replacement.
+
+    columns: [rows, k] counts and seconds per row; statistic maps sums [samples, k] to values [samples].
+    None when there is nothing to resample, or no resample gives a finite value.
+    """
+    rows = columns.shape[0]
+    if samples < 1 or rows == 0:
+        return None
+    # each resample as how often it draws each row: sums are then one matrix product
+    weights = np.random.default_rng(seed).multinomial(rows, np.full(rows, 1 / rows), size=samples)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        values = statistic(weights @ columns)
+    values = values[np.isfinite(values)]
+    if not values.size:
+        return None
+    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
+    return [float(low), float(high)]
+
+
+def ratio_of_sums(sums: np.ndarray) -> np.ndarray:
+    return sums[:, 0] / sums[:, 1]
+
+
+def ratio_of_rates(sums: np.ndarray) -> np.ndarray:
+    """(tokens / seconds) / (AR tokens / AR seconds), from columns in that order."""
+    return (sums[:, 0] / sums[:, 1]) / (sums[:, 2] / sums[:, 3])
+
+
 
 
 def expected_tokens_per_round(token_acceptance: float, gamma: int) -> float:

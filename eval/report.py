@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
-from typing import Callable
 
 import numpy as np
 import torch
@@ -26,13 +25,12 @@ from decode.models import ModelSpec
 from decode.pair import ModelPair, check_pair, load_draft, load_pair
 from distill.config import DomainConfig
 from distill.data import load_domain_prompts, shipped_domains
-from eval.acceptance import draft_cost_ratio, expected_tokens_per_round, recommended_gamma
+from eval.acceptance import acceptance_intervals, draft_cost_ratio, expected_tokens_per_round, recommended_gamma
 from eval.config import ReportConfig
 
 LOW_ALPHA = 0.4
 HIGH_ALPHA = 0.6
 LARGE_DRAFT_SHARE = 0.25  # draft parameters over target parameters
-INTERVAL_LEVEL = 0.95
 ALL_DOMAINS = "all"  # the pooled row of the tables and plots
 
 
@@ -149,36 +147,6 @@ def decode_domain(pair: ModelPair, drafts: list[Draft], prompt_ids: list[list[in
     return decodes
 
 
-def bootstrap_interval(columns: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray], samples: int,
-                       seed: int, level: float = INTERVAL_LEVEL) -> list[float] | None:
-    """A percentile interval for statistic(column sums), the rows (batches of prompts) resampled with replacement.
-
-    columns: [rows, k] counts and seconds per row; statistic maps sums [samples, k] to values [samples].
-    None when there is nothing to resample, or no resample gives a finite value.
-    """
-    rows = columns.shape[0]
-    if samples < 1 or rows == 0:
-        return None
-    # each resample as how often it draws each row: sums are then one matrix product
-    weights = np.random.default_rng(seed).multinomial(rows, np.full(rows, 1 / rows), size=samples)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        values = statistic(weights @ columns)
-    values = values[np.isfinite(values)]
-    if not values.size:
-        return None
-    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
-    return [float(low), float(high)]
-
-
-def ratio_of_sums(sums: np.ndarray) -> np.ndarray:
-    return sums[:, 0] / sums[:, 1]
-
-
-def ratio_of_rates(sums: np.ndarray) -> np.ndarray:
-    """(tokens / seconds) / (AR tokens / AR seconds), from columns in that order."""
-    return (sums[:, 0] / sums[:, 1]) / (sums[:, 2] / sums[:, 3])
-
-
 def finite(value: float | None) -> float | None:
     """JSON has no NaN: a rate with nothing to divide by is None."""
     return None if value is None or math.isnan(value) else value
@@ -193,12 +161,12 @@ def draft_figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], decode: De
     acceptance = total.token_acceptance
     cost_ratio = draft_cost_ratio(total.to_dict())
     measured = not math.isnan(acceptance) and not math.isnan(cost_ratio)
-    alpha_columns = np.array([[m.accepted, m.drafted] for m in spec], dtype=float).reshape(-1, 2)
+    intervals = acceptance_intervals(spec, ar, samples, seed)
     figures = {
         "prompts": total.sequences, "tokens": total.tokens, "drafted": total.drafted, "accepted": total.accepted,
         "rejected": total.rejected, "counts": asdict(total), "ar_counts": asdict(ar_total) if ar_total is not None else None,
         "alpha": finite(total.alpha),
-        "alpha_interval": bootstrap_interval(alpha_columns, ratio_of_sums, samples, seed),
+        "alpha_interval": intervals["alpha_interval"],
         "token_acceptance": finite(acceptance),
         "mean_accepted_length": finite(total.mean_accepted_length),
         "acceptance_by_position": [finite(rate) for rate in total.acceptance_by_position()],
@@ -212,10 +180,9 @@ def draft_figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], decode: De
                                                 max_gamma=decode.max_gamma) if measured else None),
     }
     if ar_total is not None:
-        speed_columns = np.array([[m.tokens, m.total_s, a.tokens, a.total_s] for m, a in zip(spec, ar)])
         figures.update(ar_tokens_per_s=finite(ar_total.tokens_per_s),
                        speedup=finite(total.tokens_per_s / ar_total.tokens_per_s),
-                       speedup_interval=bootstrap_interval(speed_columns, ratio_of_rates, samples, seed))
+                       speedup_interval=intervals["speedup_interval"])
     return figures
 
 

@@ -53,6 +53,7 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     summary = {"alpha_before": before["alpha"], "alpha_after": after["alpha"],
                "token_acceptance_before": before["token_acceptance"],
                "token_acceptance_after": after["token_acceptance"], "eval_gamma": policy.gamma,
+               "alpha_after_interval": after["alpha_interval"], "speedup_vs_ar_after_interval": after.get("speedup_interval"),
                "eval_prompts": len(prompt_ids), "mean_accepted_length_after": after["mean_accepted_length"],
                "speedup_vs_ar_after": after.get("speedup_vs_ar"), "spec_tokens_per_s_after": after["tokens_per_s"],
                "ar_tokens_per_s": after.get("ar_tokens_per_s")}

@@ -19,8 +19,8 @@ from decode.models import ModelSpec
 from decode.pair import load_pair
 from decode.tiny import tiny_llama, tiny_tokenizer
 from eval.config import ReportConfig
-from eval.report import (ALL_DOMAINS, DomainDecodes, Draft, bootstrap_interval, build_report, draft_figures,
-                         evaluate, load_drafts, ratio_of_sums, winner)
+from eval.acceptance import bootstrap_interval, ratio_of_sums
+from eval.report import ALL_DOMAINS, DomainDecodes, Draft, build_report, draft_figures, evaluate, load_drafts, winner
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),

@@ -73,3 +73,13 @@ def test_a_recommended_gamma_below_min_gamma_is_never_given(ctx, pair):
     prompts = pair.encode_chat(["first prompt", "second prompt"])
     summary = run_eval(ctx, SETTINGS, DecodeConfig(temperature=0.0, gamma=3, min_gamma=3, max_gamma=5), prompts)
     assert 3 <= summary["recommended_gamma"] <= 5
+
+
+def test_the_trained_drafts_figures_come_with_intervals_that_hold_them(ctx, pair):
+    prompts = pair.encode_chat(["first prompt", "second prompt", "a third one", "and a fourth"])
+    settings = EvalConfig(max_prompts=4, max_new_tokens=6, batch_size=1, compare_ar=True)
+    summary = run_eval(ctx, settings, DecodeConfig(temperature=0.7, gamma=3), prompts)
+    low, high = summary["alpha_after_interval"]
+    assert low <= summary["alpha_after"] <= high
+    low, high = summary["speedup_vs_ar_after_interval"]
+    assert low <= summary["speedup_vs_ar_after"] <= high and low > 0

@@ -129,16 +129,21 @@ def format_summary(summary: dict, run_dir: Path) -> str:
         value = summary.get(key)
         return format(value, spec) if isinstance(value, (int, float)) else "-"
 
+    def interval(key):
+        bounds = summary.get(key)
+        return f" [{bounds[0]:.3f}, {bounds[1]:.3f}]" if bounds else ""
+
     lines = [f"== {summary['domain']} / {summary['method']} =="]
     if "alpha_after" in summary:
         lines.append(f"held-out acceptance alpha = accepted/drafted (speculative decoding, gamma "
                      f"{summary.get('eval_gamma', '?')}, {summary.get('eval_prompts', '?')} prompts): "
-                     f"{number('alpha_before')} -> {number('alpha_after')}")
+                     f"{number('alpha_before')} -> {number('alpha_after')}{interval('alpha_after_interval')} (95% interval over prompts)")
         lines.append(f"per-token acceptance = accepted/tested: {number('token_acceptance_before')} -> "
                      f"{number('token_acceptance_after')}")
         lines.append(f"mean accepted length {number('mean_accepted_length_after', '.2f')} tokens/round; "
                      f"speculative {number('spec_tokens_per_s_after', '.1f')} tok/s vs AR "
-                     f"{number('ar_tokens_per_s', '.1f')} tok/s = {number('speedup_vs_ar_after', '.2f')}x")
+                     f"{number('ar_tokens_per_s', '.1f')} tok/s = {number('speedup_vs_ar_after', '.2f')}x"
+                     f"{interval('speedup_vs_ar_after_interval')}")
     if summary.get("speedup_vs_ar_at_recommended_gamma") is not None:
         lines.append(f"at the recommended gamma {summary['recommended_gamma']} (draft step cost c = "
                      f"{number('draft_cost_ratio')}): alpha {number('alpha_at_recommended_gamma')}, "
