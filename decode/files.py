@@ -57,6 +57,14 @@ def publish(staging: Path, destination: Path) -> None:
         os.replace(staging, destination)
 
 
+def point_symlink(link: Path, target: Path) -> None:
+    """Make `link` a symbolic link to `target` in one rename: readers find the old target or the new one."""
+    staging = link.with_name(f".tmp-{link.name}-{os.getpid()}")
+    staging.unlink(missing_ok=True)
+    os.symlink(target, staging)
+    os.replace(staging, link)
+
+
 def write_text(path: Path, text: str) -> None:
     with published(path) as staging:
         staging.write_text(text, encoding="utf-8")

@@ -18,6 +18,8 @@ class DomainConfig:
     hf_split: str = "train"
     heldout_fraction: float = 0.2  # when the source has no split column
     system_prompt: Optional[str] = None  # None: the chat template's own default
+    # a JSONL file of more training prompts ({"prompt": ...} a line), answered first: recent traffic to retrain on
+    extra_prompts: Optional[str] = None
 
 
 @dataclass

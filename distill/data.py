@@ -75,6 +75,31 @@ def read_jsonl_prompts(path: Path, prompt_field: str = "prompt", split_field: st
     return prompts
 
 
+def read_prompts_by_domain(path: Path) -> dict[str, list[str]]:
+    """A JSONL file of {"domain": ..., "prompt": ...} lines (a request log qualifies) -> domain -> its prompts,
+    in file order, each once."""
+    if not path.is_file():
+        raise PromptError(f"prompt file not found: {path}")
+    by_domain: dict[str, dict[str, None]] = {}  # an ordered set per domain
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise PromptError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
+            if not isinstance(record, dict) or not isinstance(record.get("domain"), str) or not record["domain"]:
+                raise PromptError(f"{path}:{number}: need a JSON object with a non-empty string field 'domain'")
+            text = record.get("prompt")
+            if not isinstance(text, str) or not text.strip():
+                raise PromptError(f"{path}:{number}: field 'prompt' must be a non-empty string")
+            by_domain.setdefault(record["domain"], {})[text] = None
+    if not by_domain:
+        raise PromptError(f"{path}: no prompts")
+    return {domain: list(prompts) for domain, prompts in by_domain.items()}
+
+
 def load_prompts(domain: str, split: str | None = None) -> list[Prompt]:
     """The shipped prompts of a domain (optionally one split)."""
     path = SHIPPED_DIR / f"{domain}.jsonl"
@@ -170,10 +195,34 @@ def load_domain_prompts(domain_cfg: DomainConfig) -> DomainPrompts:
     if not any(p.split == "validation" for p in prompts):
         prompts = _hash_split(prompts, domain_cfg.heldout_fraction, "train", "validation", salt="validation")
     split = DomainPrompts(*([p for p in prompts if p.split == name] for name in SPLITS))
+    if domain_cfg.extra_prompts:
+        extra_file = _existing_file(domain_cfg.extra_prompts)
+        if extra_file.stat().st_size:
+            split = with_extra_training_prompts(split, read_jsonl_prompts(extra_file))
+        else:  # the monitor's traffic file when no request logged a prompt
+            log.warning("%s is empty: no extra training prompts", extra_file)
     if not split.train or not split.validation or not split.heldout:
         raise PromptError(f"domain {domain_cfg.name}: need train, validation and heldout prompts, got "
                           f"{len(split.train)}, {len(split.validation)} and {len(split.heldout)}")
     return split
+
+
+def with_extra_training_prompts(split: DomainPrompts, extra: list[Prompt]) -> DomainPrompts:
+    """The extra prompts train, ahead of the source's own (so that max_train_prompts keeps them); one whose text
+    is a validation or held-out prompt is left out, so that those stay unseen."""
+    unseen = {prompt.text.strip() for prompt in split.validation + split.heldout}
+    known = {prompt.text.strip() for prompt in split.train}
+    kept, leaked = [], 0
+    for prompt in extra:
+        text = prompt.text.strip()
+        if text in unseen:
+            leaked += 1
+        elif text not in known:
+            kept.append(Prompt(f"extra-{prompt.id}", prompt.text, "train"))
+            known.add(text)
+    if leaked:
+        log.warning("%d extra prompts are validation or held-out prompts of the domain: not trained on", leaked)
+    return DomainPrompts(kept + split.train, split.validation, split.heldout)
 
 
 def _existing_file(path) -> Path:

@@ -3,7 +3,8 @@
 Measures drafts against their target inside the speculative decoder, on the held-out prompts of each domain,
 with AR decoded on the same prompts for the speedup. Writes report.json, report.md, alpha_by_domain.png and
 acceptance_by_position.png to eval.output_dir (default: outputs/eval/<time>); the last line printed is that
-directory. A draft is a model directory, a hub id or a .gguf file; null in eval.drafts (or no draft path at
+directory; with a logger (logger=wandb, the default, offline under that directory), W&B gets the table and the
+plots. A draft is a model directory, a hub id or a .gguf file; null in eval.drafts (or no draft path at
 all) is the pair's own draft (pair.draft.derive_layers). A user's error exits with one line `error: ...`.
 """
 
@@ -19,7 +20,9 @@ from omegaconf import DictConfig, OmegaConf
 from decode.config import DecodeConfig, PairConfig
 from decode.errors import SpecdraftError
 from eval.config import ReportConfig
-from eval.report import evaluate, format_markdown, write_report
+from eval.report import PLOTS, evaluate, format_markdown, table_rows, write_report
+from train.config import LoggerConfig
+from train.tracking import Tracker, scrub_secrets
 
 
 @dataclass
@@ -27,6 +30,7 @@ class EvalReportCommand:
     pair: PairConfig = field(default_factory=PairConfig)
     decode: DecodeConfig = field(default_factory=DecodeConfig)
     eval: ReportConfig = field(default_factory=ReportConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
     seed: int = 0
 
 
@@ -44,6 +48,12 @@ def main(cfg: DictConfig) -> None:
         sys.exit(error.exit_code)
     output_dir = Path(config.eval.output_dir or HydraConfig.get().runtime.output_dir)
     write_report(report, output_dir)
+    with Tracker(config.logger, output_dir, scrub_secrets(OmegaConf.to_container(cfg)), f"eval-{output_dir.name}") \
+            as tracker:
+        columns, rows = table_rows(report)
+        tracker.log_table("acceptance_by_domain", columns, rows)
+        tracker.log_images({name: output_dir / f"{name}.png" for name in PLOTS})
+        tracker.summary({"overall_alpha": report["overall"]["alpha"], "overall_speedup": report["overall"]["speedup"]})
     print(format_markdown(report))
     print(output_dir.resolve())
 

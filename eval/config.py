@@ -1,7 +1,9 @@
-"""Typed settings of the eval stage."""
+"""Typed settings of the eval stage, the report and the monitor."""
 
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
+
+from decode.config import DecodeConfig, PairConfig
 
 
 @dataclass
@@ -23,6 +25,21 @@ class MetricsSource:
 
 
 @dataclass
+class PromotionConfig:
+    """A retrained draft (the challenger) against the one serving (the champion) on recent traffic, and its
+    promotion to serving. The target and the decoding settings are the monitor's `pair` and `decode`."""
+
+    current: Optional[str] = None  # a symlink to the export serving now; None: retrained drafts are not gated
+    min_gain: float = 0.02  # the challenger's alpha on the drifted domain must beat the champion's by this
+    margin: float = 0.05  # and no other domain's alpha may drop by more than this
+    gate_fraction: float = 0.25  # of the drifted domain's recent prompts: gate on these, train on the rest
+    max_gate_prompts: int = 32  # per domain, the latest
+    min_gate_prompts: int = 4  # fewer on the drifted domain: no decision, nothing promoted
+    max_new_tokens: int = 48
+    reload_command: List[str] = field(default_factory=list)  # run once `current` moved; "{current}" substituted
+
+
+@dataclass
 class MonitorConfig:
     """python -m eval.monitor: acceptance in production per domain, and when a domain's draft needs retraining."""
 
@@ -36,8 +53,14 @@ class MonitorConfig:
     min_drafted: int = 200  # a window with fewer drafted tokens has no data
     threshold: float = 0.5  # a window with alpha below it is low
     alert_after: int = 3  # consecutive low windows
-    retrain_command: List[str] = field(default_factory=list)  # run on an alert, "{domain}" substituted; []: none
+    # run on an alert; "{domain}", "{prompts}" (a JSONL of its recent prompts) and "{run_dir}" substituted; []: none
+    retrain_command: List[str] = field(default_factory=list)
+    recent_prompts: int = 400  # the latest prompts kept per domain, to retrain and gate on
     now: Optional[str] = None  # ISO-8601 or unix seconds; None: the wall clock
+    promotion: PromotionConfig = field(default_factory=PromotionConfig)
+    pair: PairConfig = field(default_factory=PairConfig)  # the target the gate decodes with (its draft is unused)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    seed: int = 0
 
 
 @dataclass
@@ -45,10 +68,31 @@ class ReportConfig:
     """python -m eval: drafts measured against their target on the held-out prompts of each domain."""
 
     drafts: List[Optional[str]] = field(default_factory=list)  # several drafts to compare; null: the pair's own
-    domains: List[str] = field(default_factory=list)  # []: every shipped domain
-    max_prompts: int = 64  # held-out prompts per domain
+    domains: List[str] = field(default_factory=list)  # []: every shipped domain (or every domain of `prompts`)
+    prompts: Optional[str] = None  # a JSONL file of {"domain", "prompt"} lines (a request log will do); None: held-out
+    max_prompts: int = 64  # prompts per domain
     max_new_tokens: int = 64
     batch_size: int = 1  # the intervals resample batches: prompts at batch size 1
     compare_ar: bool = True  # also decode each batch autoregressively, for the speedup
     bootstrap_samples: int = 1000  # resamples behind each 95% interval (0: no intervals)
     output_dir: Optional[str] = None  # None: Hydra's run directory, outputs/eval/<time>
+
+
+@dataclass
+class ReplayPhase:
+    domain: str = "code"
+    windows: int = 1  # consecutive windows of this domain's traffic
+
+
+@dataclass
+class ReplayConfig:
+    """python -m eval.replay: traffic decoded by the pair's speculative decoder, logged as production requests."""
+
+    phases: List[ReplayPhase] = field(default_factory=list)  # one after another
+    requests_per_window: int = 2
+    window_s: int = 3600
+    start: str = "2026-01-01T00:00:00Z"  # the first window's start (ISO-8601 or unix seconds)
+    prompts: Optional[str] = None  # a JSONL of {"domain", "prompt"} lines; None: the shipped held-out prompts
+    skip_prompts: int = 0  # per domain, from the start: prompts an earlier replay already sent
+    max_new_tokens: int = 48
+    output: str = "requests.jsonl"  # appended to

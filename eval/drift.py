@@ -45,6 +45,7 @@ class Observation:
     start: float
     end: float
     counts: Counts
+    prompt: Optional[str] = None  # a request's prompt: recent traffic, to retrain and gate on
 
 
 @dataclass
@@ -62,6 +63,8 @@ class Retrain:
     running_since: Optional[float] = None  # set while it runs: found set at start, its monitor was stopped
     exit_code: Optional[int] = None  # of the last attempt that finished
     log: Optional[str] = None
+    run_dir: Optional[str] = None  # where the retrained draft and its export land; its traffic prompts too
+    gate: Optional[dict] = None  # the challenger against the champion (eval/promotion.py GateResult), once decided
 
     @property
     def succeeded(self) -> bool:

@@ -38,6 +38,8 @@ from decode.files import remove_stale_staging, write_json
 from eval.config import MonitorConfig
 from eval.drift import (LOW, NO_DATA, Alert, Counts, DomainState, LowWindow, Observation, Retrain, WindowResult,
                         add_observation, iso_minute, judge, take_complete_windows, track, window_of)
+from eval.promotion import (GATE_PROMPTS, TRAIN_PROMPTS, GateResult, check_current, promote, run_gate, served_draft,
+                            split_traffic, write_traffic)
 from eval.production import (CounterReading, LogPosition, Problems, is_domain_name, parse_time, read_metrics,
                              read_request_logs)
 
@@ -55,6 +57,7 @@ class MonitorState:
     log_positions: dict[str, LogPosition] = field(default_factory=dict)  # file identity -> where reading stopped
     counters: dict[str, dict[str, CounterReading]] = field(default_factory=dict)  # source -> series -> last reading
     domains: dict[str, DomainState] = field(default_factory=dict)
+    recent_prompts: dict[str, list[str]] = field(default_factory=dict)  # domain -> latest distinct prompts, oldest first
 
 
 @dataclass
@@ -63,6 +66,7 @@ class RunOutcome:
     windows: list[WindowResult] = field(default_factory=list)  # judged this run
     alerts: list[str] = field(default_factory=list)  # the domains alerted this run
     retrains: dict[str, Retrain] = field(default_factory=dict)  # the retrains run this run, by domain
+    gates: dict[str, GateResult] = field(default_factory=dict)  # the challengers gated this run, by domain
     problems: Problems = field(default_factory=Problems)
     late: Counts = field(default_factory=Counts)  # arrived for windows already judged: not counted
 
@@ -126,6 +130,27 @@ def validate(config: MonitorConfig) -> None:
             parse_time(config.now)
         except ValueError as error:
             raise ConfigError(f"monitor: now: {error}") from None
+    if config.promotion.current:
+        validate_promotion(config)
+
+
+def validate_promotion(config: MonitorConfig) -> None:
+    settings = config.promotion
+    if not any("{run_dir}" in arg for arg in config.retrain_command):
+        raise ConfigError("monitor: promotion needs retrain_command to write its run to {run_dir}, e.g. "
+                          "'retrain_command=[python,-m,train,\"+domain={domain}\",domain.extra_prompts={prompts},"
+                          "run_dir={run_dir}]'")
+    checks = {"0 < promotion.gate_fraction < 1": 0 < settings.gate_fraction < 1,
+              "promotion.min_gate_prompts >= 1": settings.min_gate_prompts >= 1,
+              "promotion.max_gate_prompts >= promotion.min_gate_prompts":
+                  settings.max_gate_prompts >= settings.min_gate_prompts,
+              "promotion.margin >= 0": settings.margin >= 0, "promotion.max_new_tokens >= 1": settings.max_new_tokens >= 1,
+              "recent_prompts >= 1": config.recent_prompts >= 1}
+    for rule, holds in checks.items():
+        if not holds:
+            raise ConfigError(f"monitor: need {rule}")
+    check_current(settings)
+    config.decode.validate()
 
 
 @contextmanager
@@ -144,9 +169,20 @@ def collect(config: MonitorConfig, state: MonitorState, now: float, outcome: Run
     def record(observation: Observation) -> None:
         domain_state = state.domains.setdefault(observation.domain, DomainState())
         outcome.late += add_observation(domain_state, observation, config.window_s, state.judged_until)
+        if observation.prompt:
+            remember(state.recent_prompts.setdefault(observation.domain, []), observation.prompt,
+                     config.recent_prompts)
 
     state.log_positions = read_request_logs(config.request_logs, state.log_positions, outcome.problems, record)
     state.counters = read_metrics(config, state.counters, now, outcome.problems, record)
+
+
+def remember(recent: list[str], prompt: str, keep: int) -> None:
+    """Keep the latest `keep` distinct prompts: one seen again moves to the end."""
+    if prompt in recent:
+        recent.remove(prompt)
+    recent.append(prompt)
+    del recent[:-keep]
 
 
 def report_problems(outcome: RunOutcome) -> None:
@@ -207,38 +243,95 @@ def reopen_interrupted_retrains(state: MonitorState) -> None:
 
 def retrain_drifted(config: MonitorConfig, state: MonitorState, state_dir: Path, now: float, outcome: RunOutcome,
                     save: Callable[[], None]) -> None:
-    """Run the retrain of each open drift that has no successful one yet: a failed one is tried again each run."""
+    """For each open drift: retrain until a retrain succeeds (a failed one runs again each run), then, when
+    promotion is configured, gate the challenger against the champion once and promote it if it wins."""
     for domain, domain_state in sorted(state.domains.items()):
         alert = domain_state.alert
-        if alert is None or alert.retrain.succeeded:
+        if alert is None:
             continue
         retrain = alert.retrain
-        retrain.command = [arg.replace("{domain}", domain) for arg in config.retrain_command]
-        retrain.log = str(state_dir / f"retrain-{domain}.log")
-        retrain.attempts += 1
-        retrain.running_since = now
-        save()
-        retrain.exit_code = run_command(retrain.command, Path(retrain.log), domain, retrain.attempts)
-        retrain.running_since = None
-        save()
-        outcome.retrains[domain] = retrain
-        if retrain.succeeded:
-            # Promotion, serving the retrained draft in place of the drifted one, is not the monitor's: nothing
-            # here compares the two or reconfigures an engine. The drift stays open (and is not retrained again)
-            # until a healthy window shows a draft that serves the domain well.
-            log.info("retrain of %s succeeded; promoting its draft to serving is left to the operator", domain)
+        if not retrain.succeeded:
+            run_retrain(config, state, state_dir, domain, retrain, now, save)
+            outcome.retrains[domain] = retrain
+        if retrain.succeeded and config.promotion.current and retrain.gate is None:
+            gate = gate_and_promote(config, retrain, domain, now)
+            save()
+            if gate is not None:
+                outcome.gates[domain] = gate
+
+
+def run_retrain(config: MonitorConfig, state: MonitorState, state_dir: Path, domain: str, retrain: Retrain,
+                now: float, save: Callable[[], None]) -> None:
+    if retrain.run_dir is None:  # one directory per drift: a retried retrain resumes there on the same prompts
+        retrain.run_dir = str((state_dir / "retrains" / f"{domain}-{iso_minute(now).replace(':', '')}").resolve())
+    run_dir = Path(retrain.run_dir)
+    train, gate = split_traffic(state.recent_prompts, domain, config.promotion)
+    write_traffic(run_dir / "traffic", train, gate)
+    substitutions = {"{domain}": domain, "{prompts}": str(run_dir / "traffic" / TRAIN_PROMPTS),
+                     "{run_dir}": str(run_dir)}
+    retrain.command = [substitute(arg, substitutions) for arg in config.retrain_command]
+    retrain.log = str(state_dir / f"retrain-{domain}.log")
+    retrain.attempts += 1
+    retrain.running_since = now
+    save()
+    retrain.exit_code = run_command(retrain.command, Path(retrain.log), f"retraining {domain} "
+                                    f"(attempt {retrain.attempts}, {len(train)} recent prompts)")
+    retrain.running_since = None
+    save()
+    if retrain.succeeded:
+        log.info("retrain of %s succeeded: %s", domain, retrain.run_dir)
+    else:
+        log.error("retrain of %s failed (exit %s, attempt %d), see %s: it runs again on the next run",
+                  domain, retrain.exit_code, retrain.attempts, retrain.log)
+
+
+def substitute(arg: str, substitutions: dict[str, str]) -> str:
+    for placeholder, value in substitutions.items():
+        arg = arg.replace(placeholder, value)
+    return arg
+
+
+def gate_and_promote(config: MonitorConfig, retrain: Retrain, domain: str, now: float) -> Optional[GateResult]:
+    """-> the gate's result, recorded in `retrain`; None when it could not run (it runs again next time)."""
+    run_dir = Path(retrain.run_dir)
+    challenger = run_dir / "export"
+    if not served_draft(challenger).joinpath("config.json").is_file():
+        log.error("the retrain of %s left no export in %s (does retrain_command pass run_dir={run_dir} and run "
+                  "the export stage?): nothing to promote", domain, challenger)
+        retrain.gate = {"promote": False, "reason": f"no export in {challenger}"}
+        return None
+    current = Path(config.promotion.current)
+    try:
+        gate = run_gate(config, current.resolve(), challenger, run_dir / "traffic" / GATE_PROMPTS, domain,
+                        run_dir / "gate")
+    except (SpecdraftError, OSError) as error:
+        log.error("the gate of %s's challenger failed (%s): it runs again on the next run", domain, error)
+        return None
+    log.info("gate for %s: %s; %s", domain, "promote" if gate.promote else "keep the champion", gate.reason)
+    for name, alphas in gate.alpha.items():
+        log.info("gate %s (%d prompts): champion alpha %s, challenger alpha %s", name, gate.prompts[name],
+                 *(f"{alphas[role]:.3f}" if alphas[role] is not None else "-" for role in ("champion", "challenger")))
+    if gate.promote:
+        failure = promote(current, challenger, lambda command: run_command(
+            command, run_dir / "reload.log", f"reloading serving with {current}"), config.promotion.reload_command)
+        if failure is None:
+            gate.promoted_at = now
+            log.info("promoted: %s -> %s", current, challenger.resolve())
         else:
-            log.error("retrain of %s failed (exit %s, attempt %d), see %s: it runs again on the next run",
-                      domain, retrain.exit_code, retrain.attempts, retrain.log)
+            log.error("%s; the gate runs again on the next run", failure)
+            return None
+    retrain.gate = asdict(gate)
+    return gate
 
 
-def run_command(command: list[str], output: Path, domain: str, attempt: int) -> int:
-    log.info("retraining %s (attempt %d): %s >> %s", domain, attempt, shlex.join(command), output)
+def run_command(command: list[str], output: Path, what: str) -> int:
+    log.info("%s: %s >> %s", what, shlex.join(command), output)
+    output.parent.mkdir(parents=True, exist_ok=True)
     with open(output, "a") as sink:  # the command's own log, appended to by the command
         try:
             return subprocess.run(command, stdin=subprocess.DEVNULL, stdout=sink, stderr=subprocess.STDOUT).returncode
         except OSError as error:
-            log.error("retrain of %s cannot start: %s", domain, error)
+            log.error("%s: cannot start: %s", what, error)
             return 127  # as a shell reports a command it cannot run
 
 
@@ -258,7 +351,8 @@ def load_state(path: Path) -> MonitorState:
             log_positions={identity: LogPosition(**position) for identity, position in data["log_positions"].items()},
             counters={source: {series: CounterReading(**reading) for series, reading in by_series.items()}
                       for source, by_series in data["counters"].items()},
-            domains={domain: domain_state_from_json(value) for domain, value in data["domains"].items()})
+            domains={domain: domain_state_from_json(value) for domain, value in data["domains"].items()},
+            recent_prompts=data.get("recent_prompts", {}))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise ConfigError(f"monitor state {path} cannot be read ({type(error).__name__}: {error}); move it aside "
                           "to start afresh (the windows in progress and the open alerts are lost)") from None

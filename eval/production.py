@@ -96,7 +96,8 @@ class LogPosition:
 
 
 def parse_request(raw: bytes) -> Observation:
-    """One request log line: {"timestamp", "domain", "prompt", "drafted", "accepted"} (the prompt is not needed)."""
+    """One request log line: {"timestamp", "domain", "prompt", "drafted", "accepted"}; the prompt may be absent
+    (it is only needed to retrain on recent traffic)."""
     try:
         entry = json.loads(raw)
     except ValueError as error:
@@ -113,8 +114,12 @@ def parse_request(raw: bytes) -> Observation:
         raise ValueError(f"accepted {accepted} > drafted {drafted}")
     if not is_domain_name(entry["domain"]):
         raise ValueError(f"domain {entry['domain']!r} is not a name of letters, digits, _ . -")
+    prompt = entry.get("prompt")
+    if prompt is not None and not isinstance(prompt, str):
+        raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
     at = parse_time(entry["timestamp"])
-    return Observation(entry["domain"], at, at, Counts(drafted, accepted))
+    return Observation(entry["domain"], at, at, Counts(drafted, accepted),
+                       (prompt or "").strip() or None)
 
 
 def read_request_logs(patterns: list[str], positions: dict[str, LogPosition], problems: Problems,

@@ -24,7 +24,7 @@ from decode.metrics import DecodeMetrics
 from decode.models import ModelSpec
 from decode.pair import ModelPair, check_pair, load_draft, load_pair
 from distill.config import DomainConfig
-from distill.data import load_domain_prompts, shipped_domains
+from distill.data import load_domain_prompts, read_prompts_by_domain, shipped_domains
 from eval.acceptance import acceptance_intervals, draft_cost_ratio, expected_tokens_per_round, recommended_gamma
 from eval.config import ReportConfig
 
@@ -60,10 +60,11 @@ def validate(settings: ReportConfig, decode: DecodeConfig, pair: PairConfig) -> 
         raise ConfigError("give the drafts either as pair.draft.path=PATH or as eval.drafts=[A,B], not both")
     if len(set(settings.drafts)) < len(settings.drafts):
         raise ConfigError(f"eval.drafts names a draft twice: {settings.drafts}")
-    shipped = shipped_domains()
-    unknown = [domain for domain in settings.domains if domain not in shipped]
-    if unknown:
-        raise ConfigError(f"eval.domains: unknown domain(s) {unknown}; shipped: {shipped}")
+    if settings.prompts is None:
+        shipped = shipped_domains()
+        unknown = [domain for domain in settings.domains if domain not in shipped]
+        if unknown:
+            raise ConfigError(f"eval.domains: unknown domain(s) {unknown}; shipped: {shipped}")
 
 
 def draft_label(spec: ModelSpec) -> str:
@@ -111,14 +112,16 @@ def load_another_draft(pair: ModelPair, spec: ModelSpec, check_chat_template: bo
     return draft
 
 
-def heldout_prompt_ids(pair: ModelPair, domains: list[str], max_prompts: int) -> dict[str, list[list[int]]]:
-    """domain -> its first max_prompts held-out prompts, through the target's chat template."""
-    prompt_ids = {}
-    for domain in domains:
-        domain_config = DomainConfig(name=domain)
-        heldout = load_domain_prompts(domain_config).heldout[:max_prompts]
-        prompt_ids[domain] = pair.encode_chat([prompt.text for prompt in heldout], domain_config.system_prompt)
-    return prompt_ids
+def prompts_by_domain(settings: ReportConfig) -> dict[str, list[str]]:
+    """domain -> its first max_prompts prompts: from eval.prompts, else the shipped held-out ones."""
+    if settings.prompts is None:
+        return {domain: [prompt.text for prompt in load_domain_prompts(DomainConfig(name=domain)).heldout]
+                [:settings.max_prompts] for domain in list(settings.domains) or shipped_domains()}
+    found = read_prompts_by_domain(Path(settings.prompts))
+    missing = [domain for domain in settings.domains if domain not in found]
+    if missing:
+        raise ConfigError(f"eval.domains: {missing} have no prompts in {settings.prompts}; it has {sorted(found)}")
+    return {domain: found[domain][:settings.max_prompts] for domain in list(settings.domains) or sorted(found)}
 
 
 def warm_up(pair: ModelPair, drafts: list[Draft], prompt: list[int], decode: DecodeConfig) -> None:
@@ -252,14 +255,15 @@ def build_report(pair_config: PairConfig, decode: DecodeConfig, settings: Report
 
 
 def evaluate(pair_config: PairConfig, decode: DecodeConfig, settings: ReportConfig, seed: int) -> dict:
-    """Load the target and the drafts, decode every domain's held-out prompts with each, -> the report."""
+    """Load the target and the drafts, decode every domain's prompts with each, -> the report."""
     validate(settings, decode, pair_config)
-    domains = list(settings.domains) or shipped_domains()
+    prompts = prompts_by_domain(settings)
     pair, drafts = load_drafts(pair_config, list(settings.drafts) or [pair_config.draft.path])
-    prompt_ids = heldout_prompt_ids(pair, domains, settings.max_prompts)
-    warm_up(pair, drafts, prompt_ids[domains[0]][0], decode)
-    decodes = {domain: decode_domain(pair, drafts, prompt_ids[domain], settings, decode, seed, domain)
-               for domain in domains}
+    prompt_ids = {domain: pair.encode_chat(texts, DomainConfig(name=domain).system_prompt)
+                  for domain, texts in prompts.items()}
+    warm_up(pair, drafts, next(iter(prompt_ids.values()))[0], decode)
+    decodes = {domain: decode_domain(pair, drafts, ids, settings, decode, seed, domain)
+               for domain, ids in prompt_ids.items()}
     return build_report(pair_config, decode, settings, seed, parameter_count(pair.target), drafts, decodes)
 
 
@@ -298,6 +302,25 @@ def table_row(name: str, figures: dict) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+TABLE_COLUMNS = ["draft", "domain", "prompts", "drafted", "accepted", "alpha", "alpha_low", "alpha_high",
+                 "token_acceptance", "mean_accepted_length", "tokens_per_s", "ar_tokens_per_s", "speedup",
+                 "speedup_low", "speedup_high", "predicted_speedup", "draft_cost_ratio", "recommended_gamma"]
+
+
+def table_rows(report: dict) -> tuple[list[str], list[list]]:
+    """-> (columns, a row per draft and domain, the pooled row included): the report as one flat table."""
+    rows = []
+    for label, draft in report_drafts(report).items():
+        for name, figures in {**draft["domains"], ALL_DOMAINS: draft["overall"]}.items():
+            alpha_interval = figures["alpha_interval"] or [None, None]
+            speedup_interval = figures["speedup_interval"] or [None, None]
+            rows.append([label, name, figures["prompts"], figures["drafted"], figures["accepted"], figures["alpha"],
+                         *alpha_interval, figures["token_acceptance"], figures["mean_accepted_length"],
+                         figures["tokens_per_s"], figures["ar_tokens_per_s"], figures["speedup"], *speedup_interval,
+                         figures["predicted_speedup"], figures["draft_cost_ratio"], figures["recommended_gamma"]])
+    return TABLE_COLUMNS, rows
+
+
 def winner_line(name: str, label: str, draft: dict) -> str:
     figures = draft["overall"] if name == ALL_DOMAINS else draft["domains"][name]
     return (f"- {name}: `{label}` (speedup {_number(figures['speedup'], '.2f')}, "
@@ -306,9 +329,10 @@ def winner_line(name: str, label: str, draft: dict) -> str:
 
 def format_markdown(report: dict) -> str:
     settings, decode = report["settings"], report["settings"]["decode"]
+    source = "held-out prompts" if settings.get("prompts") is None else f"prompts of {settings['prompts']}"
     lines = ["# Draft acceptance", "",
              f"Target `{report['target']}` ({report['target_parameters']:,} parameters). Up to "
-             f"{settings['max_prompts']} held-out prompts per domain, {settings['max_new_tokens']} new tokens, "
+             f"{settings['max_prompts']} {source} per domain, {settings['max_new_tokens']} new tokens, "
              f"batch size {settings['batch_size']}; gamma {decode['gamma']}"
              f"{' (dynamic)' if decode['dynamic_gamma'] else ''}, temperature {decode['temperature']}, "
              f"top_p {decode['top_p']}, top_k {decode['top_k']}, seed {settings['seed']}.",
@@ -384,9 +408,12 @@ def plot_acceptance_by_position(report: dict, path: Path) -> None:
     save_figure(figure, path)
 
 
+PLOTS = {"alpha_by_domain": plot_alpha, "acceptance_by_position": plot_acceptance_by_position}
+
+
 def write_report(report: dict, output_dir: Path) -> None:
     output_dir.mkdir(parents=True, exist_ok=True)
     write_json(output_dir / "report.json", report)
     write_text(output_dir / "report.md", format_markdown(report))
-    plot_alpha(report, output_dir / "alpha_by_domain.png")
-    plot_acceptance_by_position(report, output_dir / "acceptance_by_position.png")
+    for name, plot in PLOTS.items():
+        plot(report, output_dir / f"{name}.png")

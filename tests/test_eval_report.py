@@ -13,14 +13,15 @@ from hydra.core.global_hydra import GlobalHydra
 
 import eval.__main__ as eval_command
 from decode.config import DecodeConfig, PairConfig
-from decode.errors import PairError
+from decode.errors import PairError, PromptError
 from decode.metrics import DecodeMetrics
 from decode.models import ModelSpec
 from decode.pair import load_pair
 from decode.tiny import tiny_llama, tiny_tokenizer
 from eval.config import ReportConfig
 from eval.acceptance import bootstrap_interval, ratio_of_sums
-from eval.report import ALL_DOMAINS, DomainDecodes, Draft, build_report, draft_figures, evaluate, load_drafts, winner
+from eval.report import (ALL_DOMAINS, TABLE_COLUMNS, DomainDecodes, Draft, build_report, draft_figures, evaluate,
+                         load_drafts, table_rows, winner)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
@@ -174,3 +175,21 @@ def test_an_unknown_domain_exits_with_one_line_naming_it(tmp_path, monkeypatch, 
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: eval.domains: unknown domain(s) ['cooking']; shipped: "
         "['chat', 'code', 'math', 'summarization', 'translation']"]
+
+
+def test_a_request_log_is_a_prompt_source_with_domains_of_its_own(tmp_path):
+    log = tmp_path / "requests.jsonl"
+    lines = [{"domain": "support", "prompt": "My order has not arrived.", "drafted": 3, "accepted": 1},
+             {"domain": "code", "prompt": "Write a loop in C."},
+             {"domain": "support", "prompt": "My order has not arrived."},  # sent twice: decoded once
+             {"domain": "support", "prompt": "How do I reset my password?"}]
+    log.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    settings = ReportConfig(prompts=str(log), max_prompts=4, max_new_tokens=4, compare_ar=False, bootstrap_samples=0)
+    report = evaluate(TINY, DECODE, settings, seed=0)
+    assert {name: figures["prompts"] for name, figures in report["domains"].items()} == {"code": 1, "support": 2}
+    columns, rows = table_rows(report)
+    assert columns == TABLE_COLUMNS and [row[1] for row in rows] == ["code", "support", ALL_DOMAINS]
+    assert rows[-1][columns.index("drafted")] == report["overall"]["drafted"] > 0
+    with pytest.raises(PromptError, match="requests.jsonl:2: field 'prompt'"):
+        log.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"domain": "code", "prompt": ""}) + "\n")
+        evaluate(TINY, DECODE, settings, seed=0)

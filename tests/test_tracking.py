@@ -196,7 +196,7 @@ class FakeWandb(types.ModuleType):
             def __init__(self):
                 self.summary = {}
 
-            def log(self, metrics, step):
+            def log(self, metrics, step=None):
                 fake.calls.append(("log", metrics, step))
 
             def log_artifact(self, artifact):
@@ -205,7 +205,15 @@ class FakeWandb(types.ModuleType):
             def finish(self, exit_code):
                 fake.calls.append(("finish", exit_code))
 
-        self.Artifact, self.Run = Artifact, Run
+        class Table:
+            def __init__(self, columns, data):
+                self.columns, self.data = columns, data
+
+        class Image:
+            def __init__(self, path):
+                self.path = path
+
+        self.Artifact, self.Run, self.Table, self.Image = Artifact, Run, Table, Image
 
     def Settings(self, **settings):
         return settings
@@ -245,3 +253,15 @@ def test_calls_into_wandb(tmp_path, wandb_sandbox, monkeypatch, log_model):
         assert artifact.dirs == [str(tmp_path)]
     else:
         assert fake.artifacts == [] and ("log_artifact", "draft-fake") not in fake.calls
+
+
+def test_a_report_reaches_wandb_as_a_table_and_images(tmp_path, wandb_sandbox, monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    with Tracker(logger_cfg("offline"), tmp_path / "run", {}, "eval-run") as tracker:
+        tracker.log_table("acceptance_by_domain", ["domain", "alpha"], [["code", 0.4], ["all", 0.3]])
+        tracker.log_images({"alpha_by_domain": tmp_path / "alpha_by_domain.png"})
+    [table] = [call[1]["acceptance_by_domain"] for call in fake.calls if call[0] == "log" and "acceptance_by_domain" in call[1]]
+    assert (table.columns, table.data) == (["domain", "alpha"], [["code", 0.4], ["all", 0.3]])
+    [image] = [call[1]["alpha_by_domain"] for call in fake.calls if call[0] == "log" and "alpha_by_domain" in call[1]]
+    assert image.path == str(tmp_path / "alpha_by_domain.png")

@@ -120,6 +120,15 @@ class Tracker:
         if self._run is not None:
             self._run.summary.update(dict(values))
 
+    def log_table(self, name: str, columns: list[str], rows: list[list]) -> None:
+        if self._run is not None:
+            self._run.log({name: self._wandb.Table(columns=columns, data=rows)})
+
+    def log_images(self, paths: dict[str, pathlib.Path]) -> None:
+        """PNG files under their names, e.g. {"alpha_by_domain": path}."""
+        if self._run is not None:
+            self._run.log({name: self._wandb.Image(str(path)) for name, path in paths.items()})
+
     def log_model(self, path: pathlib.Path, name: str, metadata: dict) -> None:
         """The draft directory at `path` as a W&B model artifact `name` (skipped when logger.log_model is false)."""
         if self._run is None or not self.save_model:

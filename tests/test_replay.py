@@ -1,0 +1,46 @@
+"""python -m eval.replay: traffic through the speculative decoder, logged as the monitor reads it."""
+
+import json
+
+import pytest
+
+from decode.config import DecodeConfig
+from decode.errors import ConfigError
+from decode.models import ModelSpec
+from decode.pair import load_pair
+from distill.data import load_prompts
+from eval.config import ReplayConfig, ReplayPhase
+from eval.production import parse_request
+from eval.replay import replay, traffic
+
+HOUR = 3600
+START = 1_700_000_000 - 1_700_000_000 % HOUR
+
+
+def test_phases_follow_each_other_window_by_window_and_prompts_are_taken_in_order():
+    settings = ReplayConfig(phases=[ReplayPhase("code", 2), ReplayPhase("translation", 1)], requests_per_window=3,
+                            start=str(START), skip_prompts=1)
+    requests = traffic(settings)
+    assert [domain for _, domain, _ in requests] == ["code"] * 6 + ["translation"] * 3
+    assert [int((at - START) // HOUR) for at, _, _ in requests] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert [at for at, _, _ in requests] == sorted(at for at, _, _ in requests)
+    code = [prompt.text for prompt in load_prompts("code", "heldout")]
+    assert [prompt for _, domain, prompt in requests if domain == "code"] == code[1:7]
+
+
+def test_no_phase_is_refused_before_any_model_loads():
+    with pytest.raises(ConfigError, match="phases"):
+        traffic(ReplayConfig())
+
+
+def test_each_request_is_decoded_and_logged_as_a_line_the_monitor_reads(tmp_path):
+    pair = load_pair(ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
+                     ModelSpec(derive_layers=1, dtype="float32", device="cpu"))
+    settings = ReplayConfig(phases=[ReplayPhase("math", 1)], requests_per_window=2, start=str(START),
+                            max_new_tokens=6, output=str(tmp_path / "requests.jsonl"))
+    lines = replay(pair, DecodeConfig(), settings, seed=0)
+    written = (tmp_path / "requests.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in written] == lines and len(lines) == 2
+    for raw in written:
+        observation = parse_request(raw.encode())
+        assert observation.domain == "math" and observation.prompt and observation.counts.drafted > 0
