@@ -208,21 +208,21 @@ def load_domain_prompts(domain_cfg: DomainConfig) -> DomainPrompts:
 
 
 def with_extra_training_prompts(split: DomainPrompts, extra: list[Prompt]) -> DomainPrompts:
-    """The extra prompts train, ahead of the source's own (so that max_train_prompts keeps them); one whose text
-    is a validation or held-out prompt is left out, so that those stay unseen."""
-    unseen = {prompt.text.strip() for prompt in split.validation + split.heldout}
+    """The extra prompts train, ahead of the source's own (so that max_train_prompts keeps them). One that is also
+    a validation or held-out prompt leaves that split, which stays unseen."""
     known = {prompt.text.strip() for prompt in split.train}
-    kept, leaked = [], 0
+    kept = []
     for prompt in extra:
         text = prompt.text.strip()
-        if text in unseen:
-            leaked += 1
-        elif text not in known:
+        if text not in known:
             kept.append(Prompt(f"extra-{prompt.id}", prompt.text, "train"))
             known.add(text)
-    if leaked:
-        log.warning("%d extra prompts are validation or held-out prompts of the domain: not trained on", leaked)
-    return DomainPrompts(kept + split.train, split.validation, split.heldout)
+    unseen = [[prompt for prompt in prompts if prompt.text.strip() not in known]
+              for prompts in (split.validation, split.heldout)]
+    moved = len(split.validation) + len(split.heldout) - sum(map(len, unseen))
+    if moved:
+        log.info("%d extra training prompts were validation or held-out prompts: they leave those splits", moved)
+    return DomainPrompts(kept + split.train, *unseen)
 
 
 def _existing_file(path) -> Path:

@@ -77,15 +77,16 @@ def test_promotion_moves_current_and_moves_it_back_when_the_reload_fails(tmp_pat
     assert not list(tmp_path.glob(".tmp-*"))
 
 
-def test_extra_training_prompts_come_first_and_never_include_held_out_ones(tmp_path):
+def test_extra_training_prompts_come_first_and_leave_the_held_out_split(tmp_path):
     heldout = load_prompts("translation", "heldout")[0].text
     extra = tmp_path / "traffic.jsonl"
     extra.write_text(json.dumps({"prompt": "Translate 'good night' into Italian."}) + "\n"
                      + json.dumps({"prompt": heldout}) + "\n")
     prompts = load_domain_prompts(DomainConfig(name="translation", extra_prompts=str(extra)))
-    assert prompts.train[0].text == "Translate 'good night' into Italian."
-    assert heldout not in {prompt.text for prompt in prompts.train}
-    assert len(prompts.train) == len(load_prompts("translation", "train")) + 1
+    assert [prompt.text for prompt in prompts.train[:2]] == ["Translate 'good night' into Italian.", heldout]
+    assert heldout not in {prompt.text for prompt in prompts.heldout}
+    assert len(prompts.heldout) == len(load_prompts("translation", "heldout")) - 1
+    assert len(prompts.train) == len(load_prompts("translation", "train")) + 2
     extra.write_text("")  # the monitor's file when no request logged a prompt
     assert len(load_domain_prompts(DomainConfig(name="translation", extra_prompts=str(extra))).train) == \
         len(load_prompts("translation", "train"))
