@@ -86,8 +86,11 @@ def locate(spec: ModelSpec) -> tuple[str, str | None]:
         return str(Path(path).parent), Path(path).name
     if spec.gguf_file:
         return path, spec.gguf_file
+    if Path(path, "export.json").is_file() and Path(path, "draft", "config.json").is_file():
+        path = str(Path(path, "draft"))  # an export directory: its HF draft
     if Path(path).exists() and not Path(path, "config.json").is_file():
-        raise PairError(f"{path} has no config.json: give a model directory, a .gguf file or a hub id")
+        raise PairError(f"{path} has no config.json: give a model directory, an export directory, a .gguf file "
+                        f"or a hub id")
     return path, None
 
 

@@ -4,7 +4,7 @@ Measures drafts against their target inside the speculative decoder, on the held
 with AR decoded on the same prompts for the speedup. Writes report.json, report.md, alpha_by_domain.png and
 acceptance_by_position.png to eval.output_dir (default: outputs/eval/<time>); the last line printed is that
 directory; with a logger (logger=wandb, the default, offline under that directory), W&B gets the table and the
-plots. A draft is a model directory, a hub id or a .gguf file; null in eval.drafts (or no draft path at
+plots. A draft is a model directory, an export directory, a hub id or a .gguf file; null in eval.drafts (or no draft path at
 all) is the pair's own draft (pair.draft.derive_layers). A user's error exits with one line `error: ...`.
 """
 

@@ -122,3 +122,13 @@ def test_a_fresh_draft_takes_the_targets_config_with_changes(tiny_model_dir):
                            pair.target.model.layers[0].self_attn.q_proj.weight)  # new layers, not copied ones
     with pytest.raises(PairError, match="not a llama config setting"):
         load_pair(ModelSpec(path=str(tiny_model_dir)), ModelSpec(fresh={"num_layerz": 1}))
+
+
+def test_an_export_directory_names_its_draft(tmp_path):
+    (tmp_path / "draft").mkdir()
+    (tmp_path / "draft" / "config.json").write_text("{}")
+    (tmp_path / "export.json").write_text("{}")
+    assert locate(ModelSpec(path=str(tmp_path))) == (str(tmp_path / "draft"), None)
+    (tmp_path / "export.json").unlink()  # a directory that is neither a model nor an export
+    with pytest.raises(PairError, match="no config.json: give a model directory, an export directory"):
+        locate(ModelSpec(path=str(tmp_path)))
