@@ -138,8 +138,7 @@ def validate_promotion(config: MonitorConfig) -> None:
     settings = config.promotion
     if not any("{run_dir}" in arg for arg in config.retrain_command):
         raise ConfigError("monitor: promotion needs retrain_command to write its run to {run_dir}, e.g. "
-                          "'retrain_command=[python,-m,train,\"+domain={domain}\",domain.extra_prompts={prompts},"
-                          "run_dir={run_dir}]'")
+                          "'retrain_command=[python,-m,train,\"+domain={domain}\",\"domain.extra_prompts={prompts}\",\"run_dir={run_dir}\"]'")
     checks = {"0 < promotion.gate_fraction < 1": 0 < settings.gate_fraction < 1,
               "promotion.min_gate_prompts >= 1": settings.min_gate_prompts >= 1,
               "promotion.max_gate_prompts >= promotion.min_gate_prompts":

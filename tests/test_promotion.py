@@ -179,3 +179,15 @@ def test_promotion_is_refused_at_start_without_a_current_link_or_a_run_dir_to_re
     point_symlink(current, exports["champion"])
     with pytest.raises(ConfigError, match="run_dir"):
         run(replace(config, retrain_command=["true"]))
+
+
+def test_the_overrides_the_readme_gives_the_monitor_parse_with_their_placeholders():
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    cron = next(line for line in readme.splitlines() if line.startswith("5 * * * *"))
+    overrides = [arg.strip("'") for arg in cron.split(" ") if arg.startswith(("'retrain_command", "'promotion"))]
+    parser = OverridesParser.create()
+    values = {override.key_or_group: override.value() for override in map(parser.parse_override, overrides)}
+    assert values["retrain_command"][-3:] == ["+domain={domain}", "domain.extra_prompts={prompts}", "run_dir={run_dir}"]
+    assert values["promotion.reload_command"] == ["systemctl", "restart", "llama-server"]
