@@ -32,6 +32,7 @@ class KVCache:
         caller passes kv_len >= every position written, so nothing written is cut off.
         """
         index = positions[:, None, :, None].expand_as(new_keys)
-        self.keys[layer].scatter_(2, index, new_keys)
-        self.values[layer].scatter_(2, index, new_values)
+        # under autocast the projections arrive in bf16; the cache keeps its own dtype
+        self.keys[layer].scatter_(2, index, new_keys.to(self.keys[layer].dtype))
+        self.values[layer].scatter_(2, index, new_values.to(self.values[layer].dtype))
         return self.keys[layer][:, :, :kv_len], self.values[layer][:, :, :kv_len]

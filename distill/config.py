@@ -31,6 +31,7 @@ class GenerateConfig:
     max_new_tokens: int = 128
     batch_size: int = 32
     top_k_logprobs: int = 64  # the target's distribution kept per answer token: its k most likely tokens
+    autocast: str = "auto"  # bf16 autocast of the target's forwards: auto (CPU: only where measured faster) | bf16 | off
     temperature: float = 0.7
     top_k: int = 0
     top_p: float = 0.9

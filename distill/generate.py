@@ -5,6 +5,8 @@ training data: the draft learns the target's own responses in the target's own
 format. Results are cached as a `datasets` dataset keyed by everything that
 determines them, so a second run reuses them. Under `accelerate launch`, each
 process answers its share of the prompts and the main process writes the cache.
+The target's forwards run under bf16 autocast where that was measured to pay
+(decode/precision.py); the recorded log-probabilities are computed in float32.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from tqdm.auto import tqdm
 
 from decode.files import published
 from decode.models import cache_root
+from decode.precision import FLOAT32, Precision, choose_precision, cpu_bf16_speedup
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
 from decode.speculative import SpeculativeDecoder
@@ -28,6 +31,7 @@ from distill.data import Prompt
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
+PROBE_CACHE = 64  # slots a timed decode step of `auto` attends to
 
 
 def cache_key(target_fingerprint: str, domain: str, prompts: list[Prompt], sampling: SamplingParams,
@@ -49,9 +53,25 @@ def load_cached_dataset(domain: str, key: str) -> datasets.Dataset | None:
     return datasets.load_from_disk(str(directory)) if (directory / "dataset_info.json").is_file() else None
 
 
+def generation_precision(runner: CausalLMRunner, setting: str, batch_size: int) -> Precision:
+    """The precision of the runner's forwards for `setting` (auto | bf16 | off); on a CPU `auto` times
+    decode steps of batch_size rows, the steps that dominate generation."""
+    def speedup() -> float | None:
+        runner.reset(batch_size, PROBE_CACHE)
+        tokens = torch.zeros(batch_size, 1, dtype=torch.long, device=runner.device)
+        start = torch.full((batch_size,), PROBE_CACHE - 1, device=runner.device)
+        measured = cpu_bf16_speedup(lambda: runner.forward(tokens, start, PROBE_CACHE), batch_size,
+                                    runner.model.config.hidden_size)
+        runner.free()
+        return measured
+
+    return choose_precision(setting, runner.device.type, speedup, "generate")
+
+
 def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids: list[list[int]],
                    sampling: SamplingParams, max_new_tokens: int, batch_size: int, seed: int,
-                   description: str = "generate", show_progress: bool = True, top_k_logprobs: int = 0) -> list[dict]:
+                   description: str = "generate", show_progress: bool = True, top_k_logprobs: int = 0,
+                   precision: Precision = FLOAT32) -> list[dict]:
     """Sample an answer per prompt with the runner's model alone (plain sampling: exactly its distribution).
 
     Prompts are batched by length so little compute goes to padding. Returns, in the order
@@ -65,8 +85,9 @@ def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids:
     with tqdm(total=len(order), desc=description, unit="prompt", disable=not show_progress) as bar:
         for batch_index, begin in enumerate(range(0, len(order), batch_size)):
             rows = order[begin: begin + batch_size]
-            result = decoder.generate([prompt_ids[i] for i in rows], max_new_tokens, sampling,
-                                      seed=seed + batch_index, record_top_k=top_k_logprobs)
+            with precision.autocast():
+                result = decoder.generate([prompt_ids[i] for i in rows], max_new_tokens, sampling,
+                                          seed=seed + batch_index, record_top_k=top_k_logprobs)
             for index, (row, tokens) in enumerate(zip(rows, result.tokens)):
                 answers[row] = {"input_ids": list(prompt_ids[row]) + tokens, "prompt_length": len(prompt_ids[row]),
                                 "stopped_by_eos": result.stopped_by_eos[index]}
@@ -76,15 +97,17 @@ def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids:
     return answers
 
 
-def score_answers(runner: CausalLMRunner, records: list[dict], top_k_logprobs: int) -> list[dict]:
+def score_answers(runner: CausalLMRunner, records: list[dict], top_k_logprobs: int,
+                  precision: Precision = FLOAT32) -> list[dict]:
     """Add the runner model's top-k log-probabilities at the answer positions of sequences it did not write
     (on-policy samples from the draft, scored by the target)."""
     for record in records:
         ids = torch.tensor([record["input_ids"]], device=runner.device)
         answer_positions = torch.arange(record["prompt_length"] - 1, ids.shape[1] - 1, device=runner.device)
         runner.reset(1, ids.shape[1])
-        logits = runner.forward(ids, torch.zeros(1, dtype=torch.long, device=runner.device), ids.shape[1],
-                                logits_at=answer_positions[None])
+        with precision.autocast():
+            logits = runner.forward(ids, torch.zeros(1, dtype=torch.long, device=runner.device), ids.shape[1],
+                                    logits_at=answer_positions[None])
         top = torch.topk(torch.log_softmax(logits[0].float(), dim=-1), top_k_logprobs, dim=-1)
         record["target_top_ids"], record["target_top_logprobs"] = top.indices.tolist(), top.values.tolist()
     runner.free()
@@ -93,7 +116,8 @@ def score_answers(runner: CausalLMRunner, records: list[dict], top_k_logprobs: i
 
 def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprint: str, sampling: SamplingParams,
                      max_new_tokens: int, batch_size: int, seed: int, system_prompt: str | None,
-                     top_k_logprobs: int, accelerator=None) -> tuple[datasets.Dataset, Path, bool]:
+                     top_k_logprobs: int, accelerator=None,
+                     precision: Precision = FLOAT32) -> tuple[datasets.Dataset, Path, bool]:
     """-> (dataset, its cache directory, whether it came from the cache)."""
     key = cache_key(target_fingerprint, domain, prompts, sampling, max_new_tokens, seed, system_prompt,
                     top_k_logprobs)
@@ -108,7 +132,7 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
     answers = answer_prompts(pair.target_runner(), pair.eos_token_ids, pair.encode_chat([p.text for p in mine],
                              system_prompt), sampling, max_new_tokens, batch_size, seed + 7919 * rank,
                              description=f"generate {domain}", show_progress=rank == 0,
-                             top_k_logprobs=top_k_logprobs)
+                             top_k_logprobs=top_k_logprobs, precision=precision)
     records = [{"id": p.id, "prompt": p.text, "source": "target", **answer} for p, answer in zip(mine, answers)]
     if accelerator and world > 1:
         from accelerate.utils import gather_object

@@ -6,6 +6,8 @@ looks up what the generate stage made, and a rerun reuses it.
 
 from __future__ import annotations
 
+import logging
+
 import datasets
 
 from decode.context import RunContext
@@ -13,7 +15,9 @@ from decode.errors import ConfigError
 from decode.models import model_fingerprint
 from distill.config import DomainConfig, GenerateConfig
 from distill.data import DomainPrompts
-from distill.generate import cache_key, dataset_directory, generate_dataset, load_cached_dataset
+from distill.generate import cache_key, dataset_directory, generate_dataset, generation_precision, load_cached_dataset
+
+log = logging.getLogger(__name__)
 
 
 def training_prompts(prompts: DomainPrompts, settings: GenerateConfig) -> dict:
@@ -23,25 +27,32 @@ def training_prompts(prompts: DomainPrompts, settings: GenerateConfig) -> dict:
 
 
 def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConfig, prompts: DomainPrompts,
-                   create: bool) -> tuple[dict[str, datasets.Dataset], dict]:
-    """-> ({"train": answers, "validation": answers}, summary entries); generated when `create`, else looked up."""
+                   create: bool, autocast: str = "auto") -> tuple[dict[str, datasets.Dataset], dict]:
+    """-> ({"train": answers, "validation": answers}, summary entries); generated when `create`, else looked up.
+
+    autocast (auto | bf16 | off): the precision of the target's forwards, decided once, when answers are missing.
+    """
     sampling = settings.sampling()
     fingerprint = model_fingerprint(ctx.target_spec)
-    found, summary = {}, {}
+    found, summary, precision = {}, {}, None
     for split, split_prompts in training_prompts(prompts, settings).items():
         name = f"{domain.name}-{split}"
-        if create:
+        key = cache_key(fingerprint, name, split_prompts, sampling, settings.max_new_tokens, ctx.seed,
+                        domain.system_prompt, settings.top_k_logprobs)
+        directory, dataset = dataset_directory(name, key), load_cached_dataset(name, key)
+        if dataset is None and create:
+            precision = precision or generation_precision(ctx.pair.target_runner(), autocast, settings.batch_size)
             dataset, directory, _ = generate_dataset(
                 ctx.pair, split_prompts, name, fingerprint, sampling, settings.max_new_tokens, settings.batch_size,
-                ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator)
-        else:
-            key = cache_key(fingerprint, name, split_prompts, sampling, settings.max_new_tokens, ctx.seed,
-                            domain.system_prompt, settings.top_k_logprobs)
-            directory, dataset = dataset_directory(name, key), load_cached_dataset(name, key)
-            if dataset is None:
-                raise ConfigError(f"no generated answers for these settings ({directory}); "
-                                  f"run the generate stage first, e.g. stages=[generate,train]")
+                ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator, precision)
+        elif create:
+            log.info("reusing the target's answers from %s", directory)
+        if dataset is None:
+            raise ConfigError(f"no generated answers for these settings ({directory}); "
+                              f"run the generate stage first, e.g. stages=[generate,train]")
         found[split] = dataset
         summary[f"{split}_data"] = str(directory)
         summary[f"{split}_answers"] = len(dataset)
+    if precision:
+        summary.update(precision.summary("generate_"))
     return found, summary

@@ -77,6 +77,8 @@ def test_running_without_a_domain_names_the_domains(compose_train, tmp_path):
     (["decode.dynamic_gamma=true", "decode.min_gamma=9"], "decode: dynamic gamma needs 1 <= min_gamma"),
     (["stages=[train,deploy]"], "stages must be a non-empty list"),
     (["method.on_policy_fraction=1.5"], "on_policy_fraction must be in"),
+    (["method.autocast=fp8"], "method.autocast must be one of"),
+    (["generate.autocast=half"], "generate.autocast must be one of"),
     (["method.loss=kl"], "method.loss 'kl' is not one of"),
     (["decode.top_p=0"], "decode: top_p must be in"),
 ])

@@ -47,6 +47,7 @@ class MethodConfig:
     checkpoint_every: int = 24
     keep_checkpoints: int = 2
     eval_every: int = 24
+    autocast: str = "auto"  # auto | bf16 | off: bf16 autocast of the draft's forward; auto measures it on a CPU
     lora: Optional[LoraSettings] = None
 
 

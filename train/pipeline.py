@@ -17,6 +17,7 @@ from decode.context import RunContext
 from decode.errors import ConfigError, ExportError
 from decode.files import write_json
 from decode.pair import load_pair
+from decode.precision import SETTINGS as AUTOCAST_SETTINGS
 from decode.serving.card import not_worth_serving
 from decode.serving.gguf import gguf_unsupported_reason
 from decode.serving.stage import run_export
@@ -51,6 +52,9 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"method.loss {method.loss!r} is not one of {sorted(LOSSES)}")
     if not 0.0 <= method.on_policy_fraction < 1.0:
         raise ConfigError(f"method.on_policy_fraction must be in [0, 1), got {method.on_policy_fraction}")
+    for key, setting in (("method.autocast", method.autocast), ("generate.autocast", config.generate.autocast)):
+        if setting not in AUTOCAST_SETTINGS:
+            raise ConfigError(f"{key} must be one of {AUTOCAST_SETTINGS}, got {setting!r}")
     if method.max_length < 16:
         raise ConfigError(f"method.max_length must be >= 16 tokens, got {method.max_length}")
     config.decode.validate()
@@ -108,7 +112,9 @@ class Pipeline:
         return self.ctx.pair.encode_chat([p.text for p in self.prompts.heldout], self.config.domain.system_prompt)
 
     def _generate(self) -> dict:
-        return target_answers(self.ctx, self.config.domain, self.config.generate, self.prompts, create=True)[1]
+        generate = self.config.generate
+        return target_answers(self.ctx, self.config.domain, generate, self.prompts, create=True,
+                              autocast=generate.autocast)[1]
 
     def _train(self) -> dict:
         config = self.config

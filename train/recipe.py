@@ -7,7 +7,8 @@ distributions, masked sum divided by the answer tokens of the whole optimizer
 step (so gradient accumulation and several processes weigh every token the
 same), backward, clip, step. Checkpoints are written atomically and a rerun of
 the same command resumes from the last one; a non-finite loss or gradient stops
-before the update is applied.
+before the update is applied. The draft's forward runs under bf16 autocast where
+that was measured to pay (decode/precision.py); the loss is computed in float32.
 """
 
 from __future__ import annotations
@@ -27,12 +28,15 @@ from transformers import get_cosine_schedule_with_warmup
 
 from decode.errors import TrainingDiverged
 from decode.files import publish, remove_stale_staging
+from decode.precision import choose_precision, cpu_bf16_speedup
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.data import Example, collate
 from distill.losses import LOSSES, coarse_grained, masked_sum
 from train.config import MethodConfig
 
 log = logging.getLogger(__name__)
+
+PROBE_BATCH = (2, 64)  # sequences x tokens that `auto` times: a sixteenth of a default micro-batch
 
 
 def base_causal_lm(model):
@@ -83,6 +87,10 @@ class DistillationRecipe:
             self.kept_index[self.kept_ids] = torch.arange(len(kept_ids), device=device)
             causal_lm = base_causal_lm(draft)
             causal_lm.set_output_embeddings(KeptRowsHead(causal_lm.get_output_embeddings(), self.kept_ids.cpu()))
+        autocast, latest = settings.autocast, self._latest_checkpoint()
+        if latest:  # a resumed run keeps the precision it started in, so that it ends as a run never stopped would
+            autocast = json.loads((latest / "trainer_state.json").read_text()).get("autocast", autocast)
+        self.precision = choose_precision(autocast, device.type, lambda: self._bf16_speedup(draft), "train")
         trainable = [p for p in draft.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=settings.weight_decay)
         self.examples_per_step = settings.micro_batch_size * settings.gradient_accumulation * \
@@ -123,7 +131,7 @@ class DistillationRecipe:
                 bar.set_postfix(postfix)
                 if self.step % self.settings.checkpoint_every == 0 and self.step < self.total_steps:
                     self._save_checkpoint()
-        history.update(steps=self.total_steps, final_loss=loss)
+        history.update(steps=self.total_steps, final_loss=loss, **self.precision.summary())
         return history
 
     def _optimizer_step(self, micro_batches: list[dict]) -> float:
@@ -136,7 +144,7 @@ class DistillationRecipe:
         step_loss = torch.zeros((), device=accelerator.device)
         for index, batch in enumerate(micro_batches):
             last = index == len(micro_batches) - 1
-            with nullcontext() if last else accelerator.no_sync(self.draft), accelerator.autocast():
+            with nullcontext() if last else accelerator.no_sync(self.draft):
                 loss = masked_sum(self.per_token_loss(batch), batch["loss_mask"]) * scale
                 accelerator.backward(loss)
             step_loss += loss.detach()
@@ -162,8 +170,9 @@ class DistillationRecipe:
 
     def per_token_loss(self, batch: dict) -> torch.Tensor:
         """[B, T] loss of each position against the recorded target distribution (masked by the caller)."""
-        logits = self.draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                            use_cache=False).logits
+        with self.precision.autocast():
+            logits = self.draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                                use_cache=False).logits
         target_ids, cells = batch["target_ids"], None
         if self.kept_index is not None:  # target tokens outside the draft's vocabulary join the bucket
             target_ids = self.kept_index[target_ids]
@@ -171,6 +180,21 @@ class DistillationRecipe:
             target_ids = target_ids.clamp(min=0)
         target_log_probs, draft_log_probs = coarse_grained(batch["target_logprobs"], target_ids, logits, cells)
         return self.loss_fn(target_log_probs, draft_log_probs, **self.settings.loss_kwargs)
+
+    def _bf16_speedup(self, draft) -> float | None:
+        """A few forward+backward steps of the draft on a small random batch, float32 vs bf16 autocast;
+        the mean over the processes, so that all of them choose alike."""
+        device = self.accelerator.device
+        ids = torch.randint(self.vocab_size, PROBE_BATCH, generator=torch.Generator().manual_seed(0)).to(device)
+
+        def step():
+            draft(input_ids=ids, use_cache=False).logits.float().logsumexp(-1).mean().backward()
+
+        speedup = cpu_bf16_speedup(step, math.prod(PROBE_BATCH), base_causal_lm(draft).config.hidden_size)
+        draft.zero_grad(set_to_none=True)
+        if speedup is None:  # the same on every process: the model's size decides it
+            return None
+        return self.accelerator.reduce(torch.tensor(speedup, device=device), reduction="mean").item()
 
     # ---- data order: a function of the step, so a resumed run sees the same batches ----------------
     def _micro_batches(self, step: int) -> list[dict]:
@@ -197,7 +221,7 @@ class DistillationRecipe:
         size = self.settings.micro_batch_size
         for at in range(0, len(self.validation_examples), size):
             batch = self._to_device(collate(self.validation_examples[at: at + size], self.pad_token_id))
-            with self.accelerator.autocast():
+            with self.precision.autocast():
                 logits = self.draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                     use_cache=False).logits
             if self.kept_ids is not None:
@@ -235,7 +259,8 @@ class DistillationRecipe:
         accelerator.wait_for_everyone()
         accelerator.save_state(str(staging))
         if accelerator.is_main_process:
-            (staging / "trainer_state.json").write_text(json.dumps({"step": self.step}))
+            state = {"step": self.step, "autocast": self.precision.name}
+            (staging / "trainer_state.json").write_text(json.dumps(state))
             publish(staging, final)  # a checkpoint exists whole or not at all
             for old in sorted(self.checkpoint_dir.glob("step-*"))[: -self.settings.keep_checkpoints]:
                 shutil.rmtree(old, ignore_errors=True)
