@@ -13,6 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from decode.cache import KVCache
+from decode.matmul_route import skinny_route, transposed_linear
 from decode.runner import CausalLMRunner, kept_token_ids, positions_for, select_positions
 
 NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -36,21 +37,6 @@ def native_unsupported_reason(model: nn.Module) -> str | None:
     if type(model).__name__.endswith("PeftModel") or hasattr(model, "peft_config"):
         return "a peft-wrapped model (merge the adapter first)"
     return None
-
-
-# For 2..8 rows, MKL computes W @ x^T up to 2.5x faster than x @ W^T on the CPUs measured here
-# (python -m decode.bench shows the effect on the verify step); one row and large batches are best as is.
-SKINNY_ROWS = range(2, 9)
-
-
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear, computed as (W @ x^T)^T for a few rows on the CPU."""
-    rows = x.numel() // x.shape[-1]
-    if x.device.type != "cpu" or rows not in SKINNY_ROWS:
-        return F.linear(x, weight, bias)
-    out = torch.mm(weight, x.reshape(rows, x.shape[-1]).T).T.contiguous()  # contiguous: SDPA needs it
-    out = out.view(*x.shape[:-1], weight.shape[0])
-    return out if bias is None else out + bias
 
 
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -89,6 +75,16 @@ class NativeLlamaRunner(CausalLMRunner):
         self.device = self.embed.device
         self.cache: KVCache | None = None
         self._rope_len = 0
+        self.skinny_route = skinny_route([self.head] + [
+            projection.weight for layer in self.layers for projection in (
+                layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+                layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)])
+
+    def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        """F.linear, computed as (W @ x^T)^T for the row counts where this machine runs that faster."""
+        if x.numel() // x.shape[-1] in self.skinny_route.rows:
+            return transposed_linear(x, weight, bias)
+        return F.linear(x, weight, bias)
 
     def _rope_tables(self, max_len: int) -> None:
         """cos/sin [max_len, head_dim] from the model's own rotary module (any static RoPE variant)."""
@@ -123,11 +119,11 @@ class NativeLlamaRunner(CausalLMRunner):
                 hidden, layer.input_layernorm.weight, self.eps), positions, cos, sin, attend, kv_len)
             mlp = layer.mlp
             normed = rms_norm(hidden, layer.post_attention_layernorm.weight, self.eps)
-            gate = linear(normed, mlp.gate_proj.weight, mlp.gate_proj.bias)
-            up = linear(normed, mlp.up_proj.weight, mlp.up_proj.bias)
-            hidden = hidden + linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+            gate = self.linear(normed, mlp.gate_proj.weight, mlp.gate_proj.bias)
+            up = self.linear(normed, mlp.up_proj.weight, mlp.up_proj.bias)
+            hidden = hidden + self.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
         hidden = rms_norm(select_positions(hidden, logits_at), self.final_norm, self.eps)
-        logits = linear(hidden, self.head)
+        logits = self.linear(hidden, self.head)
         if self.kept_ids is None:
             return logits
         full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
@@ -136,9 +132,9 @@ class NativeLlamaRunner(CausalLMRunner):
     def _attention(self, index, layer, normed, positions, cos, sin, attend, kv_len):
         attn = layer.self_attn
         batch, length, _ = normed.shape
-        query = linear(normed, attn.q_proj.weight, attn.q_proj.bias).view(batch, length, -1, self.head_dim)
-        key = linear(normed, attn.k_proj.weight, attn.k_proj.bias).view(batch, length, -1, self.head_dim)
-        value = linear(normed, attn.v_proj.weight, attn.v_proj.bias).view(batch, length, -1, self.head_dim)
+        query = self.linear(normed, attn.q_proj.weight, attn.q_proj.bias).view(batch, length, -1, self.head_dim)
+        key = self.linear(normed, attn.k_proj.weight, attn.k_proj.bias).view(batch, length, -1, self.head_dim)
+        value = self.linear(normed, attn.v_proj.weight, attn.v_proj.bias).view(batch, length, -1, self.head_dim)
         if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before RoPE
             query = rms_norm(query, attn.q_norm.weight, self.eps)
             key = rms_norm(key, attn.k_norm.weight, self.eps)
@@ -151,4 +147,4 @@ class NativeLlamaRunner(CausalLMRunner):
         out = F.scaled_dot_product_attention(query, keys, values, attn_mask=attend, scale=self.scale,
                                              enable_gqa=self.num_heads != self.num_kv_heads)
         out = out.transpose(1, 2).reshape(batch, length, -1)
-        return linear(out, attn.o_proj.weight, attn.o_proj.bias)
+        return self.linear(out, attn.o_proj.weight, attn.o_proj.bias)
