@@ -59,5 +59,6 @@ class ExportConfig:
     dir: Optional[str] = None  # None: <run_dir>/export
     overwrite: bool = False  # an existing export is only replaced when this is true
     gguf: bool = True  # also write draft.gguf for llama.cpp
-    gguf_type: str = "f16"  # f32 | f16 | q8_0
+    gguf_type: str = "q8_0"  # f32 | f16 | q8_0: q8_0 keeps the draft small next to a quantized target
     verify_prompts: int = 4  # reload the exported draft(s) and check greedy output and alpha on this many prompts
+    engine_check: bool = True  # also serve draft.gguf with llama-server on those prompts, when it is installed

@@ -34,20 +34,26 @@ def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | Non
         # current llama-server names (the older --draft-max/--draft-min are refused as removed)
         flags["llama_cpp"] = ["llama-server", "-m", target_gguf, "-md", str(draft_gguf), "--host", "127.0.0.1",
                               "--spec-type", "draft-simple", "--spec-draft-n-max", str(gamma),
-                              "--spec-draft-p-min", "0"]
+                              "--spec-draft-p-min", "0", "--metrics"]
     return flags
 
 
 def write_serving_files(directory: Path, flags: dict, warning: str | None = None) -> None:
     """vllm.json (the --speculative-config value) and one executable launch script per engine; a warning
-    (the draft measured slower than the target alone) heads every script and lands in NOT_WORTH_SERVING."""
+    (the draft measured slower than the target alone) heads every script and lands in NOT_WORTH_SERVING.
+
+    A script passes its own arguments on to the engine (`llama_cpp.sh --port 8081`); llama_cpp.sh runs
+    $LLAMA_SERVER when set (the serving extra installs the binary inside its package, not on PATH)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "vllm.json").write_text(json.dumps(flags["vllm_speculative_config"], indent=2) + "\n")
     header = f"# WARNING: {warning}\n" if warning else ""
     for engine in ("vllm", "sglang", "llama_cpp"):
         if engine in flags:
             script = directory / f"{engine}.sh"
-            script.write_text("#!/bin/sh\n" + header + "exec " + shlex.join(flags[engine]) + "\n")
+            command = shlex.join(flags[engine])
+            if engine == "llama_cpp":
+                command = '"${LLAMA_SERVER:-llama-server}"' + command.removeprefix("llama-server")
+            script.write_text("#!/bin/sh\n" + header + "exec " + command + ' "$@"\n')
             script.chmod(0o755)
     if warning:
         (directory / "NOT_WORTH_SERVING").write_text(warning + "\n")

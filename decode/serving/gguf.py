@@ -146,7 +146,10 @@ def _copy_tokenizer_metadata(writer: GGUFWriter, source: Path) -> int:
         if not field.name.startswith("tokenizer."):
             continue
         value_type = field.types[0]
-        sub_type = field.types[-1] if value_type == GGUFValueType.ARRAY else None
+        sub_type = None
+        if value_type == GGUFValueType.ARRAY:
+            # an empty array lists no element type in `types`: it is the part after the array's own type
+            sub_type = field.types[-1] if len(field.types) > 1 else GGUFValueType(int(field.parts[3][0]))
         writer.add_key_value(field.name, field.contents(), value_type, sub_type)
         if field.name == "tokenizer.ggml.tokens":
             token_count = len(field.data)

@@ -4,7 +4,7 @@
     <export>/draft.gguf      the same weights for llama.cpp (-md)
     <export>/serving/        vllm.json (--speculative-config), vllm.sh, sglang.sh, llama_cpp.sh
     <export>/README.md       model card: target, domain, data, method, alpha, gamma, provenance
-    <export>/export.json     paths, flags and the round-trip checks
+    <export>/export.json     paths, flags, the round-trip checks and the engine check (llama-server, when installed)
 
 The export is built in a staging directory and renamed into place, so an existing
 export is replaced whole or not at all, and never without export.overwrite.
@@ -13,6 +13,7 @@ export is replaced whole or not at all, and never without export.overwrite.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM
@@ -27,6 +28,11 @@ from decode.serving.card import model_card, not_worth_serving
 from decode.serving.engines import ServingTarget, serving_flags, write_serving_files
 from decode.serving.formats import check_tokenizer, serving_copy
 from decode.serving.gguf import write_gguf
+from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary
+
+log = logging.getLogger(__name__)
+# how far the GGUF draft's alpha may be from the trained draft's on the verify prompts
+GGUF_ALPHA_TOLERANCE = {"f32": 0.01, "f16": 0.01, "q8_0": 0.05}
 
 
 def export_destination(ctx: RunContext, settings: ExportConfig) -> Path:
@@ -64,8 +70,12 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
         write_serving_files(staging / "serving", flags, warning)
         checks = {}
         if settings.verify_prompts:
-            checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, decode,
-                                verify_prompt_ids[: settings.verify_prompts], verify_max_new_tokens)
+            verify_ids = verify_prompt_ids[: settings.verify_prompts]
+            checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, decode, verify_ids,
+                                verify_max_new_tokens, GGUF_ALPHA_TOLERANCE[settings.gguf_type])
+            if gguf_path is not None and target_gguf is not None and settings.engine_check:
+                checks["engine"] = engine_check(ServerSpec(str(target_gguf), str(gguf_path), gamma=decode.gamma),
+                                                verify_ids, verify_max_new_tokens, ctx.run_dir / "engine_check.log")
         record = {"export_path": str(destination), "gamma": gamma, "flags": flags, "round_trip": checks,
                   "worth_serving": warning is None,
                   "draft_vocab_size": len(draft.config.draft_vocab) if getattr(draft.config, "draft_vocab", None)
@@ -82,9 +92,31 @@ def _serving_target_path(target_spec: ModelSpec) -> str:
     return str(Path(source).resolve()) if Path(source).exists() else source
 
 
+def engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path) -> dict:
+    """draft.gguf served by llama-server next to the target, greedy: it must load and draft. Skipped (and said so)
+    when llama-server is not installed; the export fails when the engine refuses the draft or drafts nothing."""
+    try:
+        find_binary(spec.binary)
+    except ServerError as error:
+        log.info("engine check skipped: %s", error)
+        return {"skipped": str(error)}
+    try:
+        with LlamaServer(spec, log_path) as server:
+            replies = [server.complete(ids, max_new_tokens) for ids in prompt_ids]
+    except ServerError as error:
+        raise ExportMismatch(f"llama-server does not serve the exported draft: {error}") from None
+    drafted, accepted = sum(r.drafted for r in replies), sum(r.accepted for r in replies)
+    if drafted == 0:
+        raise ExportMismatch(f"llama-server loaded the exported draft but drafted nothing (see {log_path}): "
+                             f"nothing was published")
+    return {"prompts": len(replies), "drafted": drafted, "accepted": accepted, "alpha": accepted / drafted}
+
+
 def round_trip(ctx: RunContext, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path | None,
-               decode: DecodeConfig, prompt_ids: list[list[int]], max_new_tokens: int) -> dict:
-    """The exported draft(s) reloaded and decoded against the draft as trained: same greedy output, same alpha."""
+               decode: DecodeConfig, prompt_ids: list[list[int]], max_new_tokens: int,
+               gguf_tolerance: float) -> dict:
+    """The exported draft(s) reloaded and decoded against the draft as trained: same greedy output, the same alpha
+    (the GGUF's within gguf_tolerance: a quantized file is a slightly different draft)."""
     greedy, policy = SamplingParams(temperature=0), decode.gamma_policy(dynamic=False)
 
     def decode_with(draft):
@@ -102,7 +134,8 @@ def round_trip(ctx: RunContext, draft_spec: ModelSpec, exported_dir: Path, gguf_
         tokens, alpha = decode_with(draft)
         checks[f"alpha_{name}"] = alpha
         checks[f"same_greedy_output_{name}"] = tokens == reference_tokens
-        if tokens != reference_tokens or abs(alpha - reference_alpha) > 0.01:
+        tolerance = gguf_tolerance if name == "gguf" else 0.01
+        if tokens != reference_tokens or abs(alpha - reference_alpha) > tolerance:
             raise ExportMismatch(f"the exported {name} draft decodes differently from the trained one "
                                  f"(alpha {alpha:.4f} vs {reference_alpha:.4f}, same greedy output: "
                                  f"{tokens == reference_tokens}); nothing was published, the trained draft "

