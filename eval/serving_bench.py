@@ -182,7 +182,8 @@ def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchCo
     gguf_dir = output_dir / "gguf"
     target = target_gguf(pair, pair_config.target, gguf_dir, settings.gguf_type)
     drafts = served_drafts(pair, settings, target, gguf_dir, pair_config.draft.derive_layers or 1)
-    costs = {draft.label: measure_engine_costs(binary, target, draft.gguf, settings.gamma, settings.threads)
+    costs = {draft.label: measure_engine_costs(binary, target, draft.gguf, settings.threads,
+                                               max_gamma=settings.gamma)
              for draft in drafts if draft.gguf}
     results: dict[str, dict[str, dict]] = {}
     reference_tokens: dict[str, list[list[int]]] = {}
@@ -198,7 +199,7 @@ def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchCo
                 else:
                     figures["same_tokens_as_target_alone"] = tokens == reference_tokens[domain]
                     figures["predicted_speedup"] = costs[draft.label].predicted_speedup(
-                        figures["drafted"], figures["accepted"], figures["rounds"])
+                        figures["drafted"], figures["accepted"], figures["rounds"], settings.gamma)
                     if settings.decoder_check:
                         key = (id(draft.model), domain)
                         if key not in decoder_alphas:
@@ -218,10 +219,10 @@ def format_markdown(report: dict) -> str:
     lines = [f"llama-server, gamma {report['settings']['gamma']}, {report['settings']['threads']} threads, "
              f"temperature {report['settings']['temperature']}, {report['settings']['max_prompts']} prompts x "
              f"{report['settings']['max_new_tokens']} tokens per domain", ""]
+    gamma = report["settings"]["gamma"]
     for label, cost in report["engine_costs"].items():
-        lines.append(f"- {label}: c = {cost['c']:.3f}, v = {cost['v']:.3f} (llama-bench: target "
-                     f"{cost['target_tokens_per_s']:.1f} tok/s, draft {cost['draft_tokens_per_s']:.1f} tok/s, "
-                     f"verify batch {cost['verify_tokens_per_s']:.1f} tok/s)")
+        lines.append(f"- {label}: c = {cost['c']:.3f}, v({gamma}) = {cost['v'][gamma]:.3f} (llama-bench: target "
+                     f"{cost['target_tokens_per_s']:.1f} tok/s, draft {cost['draft_tokens_per_s']:.1f} tok/s)")
     lines += ["", "| draft | domain | tok/s | speedup | predicted | alpha (server) | alpha (decoder) | same tokens |",
               "|---|---|---|---|---|---|---|---|"]
     for label, by_domain in report["results"].items():

@@ -96,3 +96,25 @@ def test_the_loop_detects_the_drift_retrains_promotes_and_the_server_recovers(tm
     else:  # promoted by the gate, but llama-server cannot load it: the champion serves again
         assert (tmp_path / "current").resolve() == exports["champion"].resolve()
         assert len(starts) == 2 and windows[3]["draft"] == champion_gguf
+
+
+def test_the_readmes_closed_loop_and_serving_bench_commands_compose_into_their_schemas():
+    """The commands as the README gives them: Hydra composes them and every key lands where the code reads it."""
+    import shlex
+
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    lines = readme.split("python -m eval.closed_loop ", 1)[1].split("```")[0].replace("\\\n", " ")
+    overrides = shlex.split(lines)
+    conf = str(Path(__file__).resolve().parents[1] / "conf")
+    with initialize_config_dir(config_dir=conf, version_base=None):
+        loop = OmegaConf.to_object(compose(config_name="closed_loop", overrides=overrides))
+        bench = OmegaConf.to_object(compose(config_name="serving_bench",
+                                            overrides=["serving.drafts=[outputs/code/draft]"]))
+    assert isinstance(loop, ClosedLoopCommand) and loop.threshold == 0.08 and loop.decode.temperature == 0
+    assert [(phase.domain, phase.windows) for phase in loop.loop.phases] == [("code", 3), ("translation", 5)]
+    assert loop.retrain_command[-4:-1] == ["+domain={domain}", "domain.extra_prompts={prompts}", "run_dir={run_dir}"]
+    assert loop.state_dir == loop.loop.output_dir + "/monitor" and loop.window_s == loop.loop.window_s
+    assert bench.serving.drafts == ["outputs/code/draft"] and bench.serving.gguf_type == "q8_0"

@@ -33,6 +33,17 @@ def test_serving_flags_parse_and_name_the_paths(tmp_path):
         assert line[line.index("--host") + 1] == "127.0.0.1"
 
 
+def test_llama_cpp_gets_the_gamma_its_own_step_costs_call_for_and_its_own_warning(tmp_path):
+    flags = serving_flags(ServingTarget("org/target", "t.gguf"), tmp_path / "draft", tmp_path / "d.gguf", gamma=4,
+                          llama_cpp_gamma=1)
+    assert flags["vllm_speculative_config"]["num_speculative_tokens"] == 4
+    assert flags["llama_cpp"][flags["llama_cpp"].index("--spec-draft-n-max") + 1] == "1"
+    write_serving_files(tmp_path / "serving", flags, llama_cpp_warning="llama.cpp: 0.30x: serve the target alone")
+    assert "WARNING: llama.cpp: 0.30x" in (tmp_path / "serving" / "llama_cpp.sh").read_text()
+    assert "WARNING" not in (tmp_path / "serving" / "vllm.sh").read_text()
+    assert not (tmp_path / "serving" / "NOT_WORTH_SERVING").exists()
+
+
 def test_a_different_tokenizer_in_the_export_is_refused(tmp_path):
     other = tiny_tokenizer(extra_tokens=2)
     other.save_pretrained(tmp_path)

@@ -23,6 +23,7 @@ from decode.serving.engines import ServingTarget, serving_flags, write_serving_f
 from decode.serving.gguf import write_gguf
 from decode.serving.llama_cpp_build import cmake_args
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary, free_port
+from decode.serving.stage import engine_check, engine_warning
 from decode.tiny import tiny_llama, tiny_tokenizer
 from eval.config import MetricsSource, MonitorConfig
 from eval.monitor import run as run_monitor
@@ -156,11 +157,29 @@ def test_the_serving_benchmark_measures_every_draft_beside_the_target_alone(tmp_
     # the same prompts through the project's decoder: the engine computes the same models in f32
     assert abs(served["alpha"] - served["decoder_alpha"]) < 0.05
     costs = report["engine_costs"][UNTRAINED]
-    assert costs["c"] > 0 and costs["v"] > 0 and served["predicted_speedup"] > 0
+    assert costs["c"] > 0 and set(costs["v"]) == {1, 2, 3} and served["predicted_speedup"] > 0
 
 
 def test_the_predicted_speedup_is_tokens_per_round_over_the_cost_of_a_round():
-    costs = EngineCosts(target_tokens_per_s=100, draft_tokens_per_s=400, verify_tokens_per_s=400, gamma=3)
-    assert (costs.draft_cost_ratio, costs.verify_cost_ratio) == (0.25, 1.0)
+    costs = EngineCosts(target_tokens_per_s=100, draft_tokens_per_s=400, verify_tokens_per_s={1: 200, 3: 400})
+    assert (costs.draft_cost_ratio, costs.verify_cost_ratio(3)) == (0.25, 1.0)
     # 10 rounds of 3 drafted tokens, 15 accepted: 2.5 tokens a round for 3 * 0.25 + 1 target steps
-    assert costs.predicted_speedup(drafted=30, accepted=15, rounds=10) == pytest.approx(2.5 / 1.75)
+    assert costs.predicted_speedup(drafted=30, accepted=15, rounds=10, gamma=3) == pytest.approx(2.5 / 1.75)
+    assert costs.expected_speedup(0.5, 1) == pytest.approx(1.5 / 1.25)  # v(1) = 2 * 100 / 200
+    assert costs.best_gamma(0.0) == 1 and costs.best_gamma(0.99) == 3
+
+
+def test_the_exports_engine_check_serves_the_draft_and_picks_llama_cpps_gamma(tmp_path, tiny_pair, ggufs,
+                                                                             server_binary):
+    spec = ServerSpec(ggufs["target"], ggufs["draft"], gamma=3)
+    engine = engine_check(spec, prompt_ids(tiny_pair, 2), 12, tmp_path / "engine.log", token_acceptance=0.05)
+    assert engine["drafted"] > 0 and engine["c"] > 0 and set(engine["v"]) == set(range(1, 9))
+    assert engine["gamma"] == EngineCosts(engine["target_tokens_per_s"], engine["draft_tokens_per_s"],
+                                          {g: (g + 1) * engine["target_tokens_per_s"] / v
+                                           for g, v in engine["v"].items()}).best_gamma(0.05)
+    warning = engine_warning({**engine, "predicted_speedup": 0.4})
+    assert "0.40x the target alone: serve the target without this draft" in warning
+    assert engine_warning({**engine, "predicted_speedup": 1.2}) is None
+    missing = engine_check(ServerSpec(ggufs["target"], ggufs["draft"], binary=str(tmp_path / "none")),
+                           prompt_ids(tiny_pair, 1), 4, tmp_path / "engine.log", None)
+    assert "skipped" in missing  # no llama-server: the export says so and goes on

@@ -54,6 +54,7 @@ def model_card(record: dict, summary: dict, config: dict) -> str:
         _command(flags["sglang"]), "```", ""]
     if "llama_cpp" in flags:
         lines += ["llama.cpp:", "", "```", _command(flags["llama_cpp"]), "```", ""]
+        lines += _engine_lines(record["round_trip"].get("engine") or {})
     if record["draft_vocab_size"]:
         lines += ["The draft keeps a pruned vocabulary: the output rows of the other tokens are zero here "
                   "(engines give them a small probability); this project's decoder reads `draft_vocab` from "
@@ -61,6 +62,22 @@ def model_card(record: dict, summary: dict, config: dict) -> str:
     lines += ["## Provenance", "", f"- git commit: {_git_commit()}", f"- command line: `{_command(sys.argv)}`", "",
               "Resolved configuration:", "", "```yaml", yaml.safe_dump(config, sort_keys=False).rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+def _engine_lines(engine: dict) -> list[str]:
+    if "skipped" in engine:
+        return [f"Not served by llama-server at export ({engine['skipped']}).", ""]
+    if not engine:
+        return []
+    gamma = engine["gamma"]
+    lines = [f"Served by llama-server at export, greedy, on {engine['prompts']} prompts: alpha = accepted/drafted "
+             f"{engine['alpha']:.3f} ({engine['accepted']}/{engine['drafted']}). llama-bench step costs: draft "
+             f"c = {engine['c']:.3f}, verify v({gamma}) = {engine['v'][gamma]:.3f}; `--spec-draft-n-max {gamma}` "
+             f"predicts {engine['predicted_speedup']:.2f}x the target alone at per-token acceptance "
+             f"{engine['token_acceptance']:.3f}.", ""]
+    if engine["predicted_speedup"] < 1.0:
+        lines += ["**llama.cpp: not worth serving as measured: serve the target without this draft.**", ""]
+    return lines
 
 
 def _command(args) -> str:

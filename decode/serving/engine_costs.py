@@ -1,11 +1,13 @@
 """Step costs as llama.cpp sees them, from llama-bench, and the speedup they predict for a draft.
 
-    c = the draft's time per token / the target's time per token    (token generation, one row)
-    v = the target's time for a (gamma+1)-token verify batch / its time per token
+    c    = the draft's time per token / the target's time per token    (token generation, one row)
+    v(g) = the target's time for a (g+1)-token verify batch / its time per token
 
 A speculative round drafts d tokens (d <= gamma) and verifies them in one batch, yielding 1 + accepted tokens:
 
-    predicted speedup = (1 + accepted/rounds) / ((drafted/rounds) * c + v)
+    predicted speedup = (1 + accepted/rounds) / ((drafted/rounds) * c + v(gamma))
+
+and, from a per-token acceptance a alone, (1 + a + ... + a^gamma) / (gamma * c + v(gamma)).
 """
 
 from __future__ import annotations
@@ -17,57 +19,67 @@ from pathlib import Path
 
 from decode.serving.llama_server import ServerError, server_environment
 
+MAX_GAMMA = 8
+
 
 @dataclass
 class EngineCosts:
-    target_tokens_per_s: float     # token generation, one row
+    target_tokens_per_s: float  # token generation, one row
     draft_tokens_per_s: float
-    verify_tokens_per_s: float     # prompt processing of a (gamma+1)-token batch
-    gamma: int
+    verify_tokens_per_s: dict[int, float]  # gamma -> prompt processing rate of a (gamma+1)-token batch
 
     @property
     def draft_cost_ratio(self) -> float:
         return self.target_tokens_per_s / self.draft_tokens_per_s
 
-    @property
-    def verify_cost_ratio(self) -> float:
-        return (self.gamma + 1) * self.target_tokens_per_s / self.verify_tokens_per_s
+    def verify_cost_ratio(self, gamma: int) -> float:
+        return (gamma + 1) * self.target_tokens_per_s / self.verify_tokens_per_s[gamma]
 
-    def predicted_speedup(self, drafted: float, accepted: float, rounds: float) -> float:
+    def predicted_speedup(self, drafted: float, accepted: float, rounds: float, gamma: int) -> float:
         if rounds <= 0:
             return float("nan")
-        return (1 + accepted / rounds) / (drafted / rounds * self.draft_cost_ratio + self.verify_cost_ratio)
+        return (1 + accepted / rounds) / (drafted / rounds * self.draft_cost_ratio + self.verify_cost_ratio(gamma))
+
+    def expected_speedup(self, token_acceptance: float, gamma: int) -> float:
+        tokens_per_round = sum(token_acceptance ** i for i in range(gamma + 1))
+        return tokens_per_round / (gamma * self.draft_cost_ratio + self.verify_cost_ratio(gamma))
+
+    def best_gamma(self, token_acceptance: float) -> int:
+        return max(self.verify_tokens_per_s, key=lambda gamma: self.expected_speedup(token_acceptance, gamma))
 
     def to_dict(self) -> dict:
         return {"target_tokens_per_s": self.target_tokens_per_s, "draft_tokens_per_s": self.draft_tokens_per_s,
-                "verify_tokens_per_s": self.verify_tokens_per_s, "gamma": self.gamma,
-                "c": self.draft_cost_ratio, "v": self.verify_cost_ratio}
+                "c": self.draft_cost_ratio,
+                "v": {gamma: self.verify_cost_ratio(gamma) for gamma in sorted(self.verify_tokens_per_s)}}
 
 
 def bench_binary(server_binary: str) -> str:
     """llama-bench ships beside llama-server."""
     binary = Path(server_binary).with_name("llama-bench")
     if not binary.is_file():
-        raise ServerError(f"llama-bench was not found beside {server_binary}; the serving benchmark needs it "
-                          f"to measure the engine's step costs")
+        raise ServerError(f"llama-bench was not found beside {server_binary}; it measures the engine's step costs")
     return str(binary)
 
 
-def tokens_per_s(binary: str, model: str, threads: int, prompt_tokens: int, generated_tokens: int,
-                 repetitions: int = 3) -> float:
-    """llama-bench's mean tokens/s for one test: a prompt of prompt_tokens, or generated_tokens generated."""
-    args = [binary, "-m", model, "-t", str(threads), "-p", str(prompt_tokens), "-n", str(generated_tokens),
-            "-r", str(repetitions), "-o", "json"]
+def run_llama_bench(binary: str, model: str, threads: int, prompt_sizes: list[int], generated_tokens: int,
+                    repetitions: int) -> list[dict]:
+    args = [binary, "-m", model, "-t", str(threads), "-p", ",".join(map(str, prompt_sizes)) or "0",
+            "-n", str(generated_tokens), "-r", str(repetitions), "-o", "json"]
     finished = subprocess.run(args, capture_output=True, text=True, env=server_environment(binary), timeout=600)
     if finished.returncode != 0:
         raise ServerError(f"llama-bench failed ({finished.returncode}) on {model}: {finished.stderr[-500:]}")
-    return float(json.loads(finished.stdout)[0]["avg_ts"])
+    return json.loads(finished.stdout)
 
 
-def measure_engine_costs(server_binary: str, target_gguf: str, draft_gguf: str, gamma: int,
-                         threads: int) -> EngineCosts:
+def generation_tokens_per_s(binary: str, model: str, threads: int) -> float:
+    [test] = run_llama_bench(binary, model, threads, [], 32, repetitions=3)
+    return float(test["avg_ts"])
+
+
+def measure_engine_costs(server_binary: str, target_gguf: str, draft_gguf: str, threads: int,
+                         max_gamma: int = MAX_GAMMA) -> EngineCosts:
     binary = bench_binary(server_binary)
-    return EngineCosts(target_tokens_per_s=tokens_per_s(binary, target_gguf, threads, 0, 32),
-                       draft_tokens_per_s=tokens_per_s(binary, draft_gguf, threads, 0, 32),
-                       verify_tokens_per_s=tokens_per_s(binary, target_gguf, threads, gamma + 1, 0, repetitions=10),
-                       gamma=gamma)
+    verify = run_llama_bench(binary, target_gguf, threads, list(range(2, max_gamma + 2)), 0, repetitions=10)
+    return EngineCosts(target_tokens_per_s=generation_tokens_per_s(binary, target_gguf, threads),
+                       draft_tokens_per_s=generation_tokens_per_s(binary, draft_gguf, threads),
+                       verify_tokens_per_s={int(test["n_prompt"]) - 1: float(test["avg_ts"]) for test in verify})

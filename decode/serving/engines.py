@@ -19,8 +19,10 @@ class ServingTarget:
     gguf_path: str | None
 
 
-def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int) -> dict:
-    """The engines' speculative-decoding settings for this draft, as JSON and argument lists."""
+def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int,
+                  llama_cpp_gamma: int | None = None) -> dict:
+    """The engines' speculative-decoding settings for this draft, as JSON and argument lists; llama_cpp_gamma:
+    the gamma llama.cpp's own measured step costs call for (None: gamma)."""
     vllm_config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": gamma}
     vllm_args = ["vllm", "serve", target.hf_path, "--host", "127.0.0.1",
                  "--speculative-config", json.dumps(vllm_config)]
@@ -33,14 +35,16 @@ def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | Non
         target_gguf = target.gguf_path or "<target>.gguf"
         # current llama-server names (the older --draft-max/--draft-min are refused as removed)
         flags["llama_cpp"] = ["llama-server", "-m", target_gguf, "-md", str(draft_gguf), "--host", "127.0.0.1",
-                              "--spec-type", "draft-simple", "--spec-draft-n-max", str(gamma),
+                              "--spec-type", "draft-simple", "--spec-draft-n-max", str(llama_cpp_gamma or gamma),
                               "--spec-draft-p-min", "0", "--metrics"]
     return flags
 
 
-def write_serving_files(directory: Path, flags: dict, warning: str | None = None) -> None:
+def write_serving_files(directory: Path, flags: dict, warning: str | None = None,
+                        llama_cpp_warning: str | None = None) -> None:
     """vllm.json (the --speculative-config value) and one executable launch script per engine; a warning
-    (the draft measured slower than the target alone) heads every script and lands in NOT_WORTH_SERVING.
+    (the draft measured slower than the target alone) heads every script and lands in NOT_WORTH_SERVING;
+    llama_cpp_warning (llama.cpp's own step costs predict no gain) heads llama_cpp.sh.
 
     A script passes its own arguments on to the engine (`llama_cpp.sh --port 8081`); llama_cpp.sh runs
     $LLAMA_SERVER when set (the serving extra installs the binary inside its package, not on PATH)."""
@@ -50,6 +54,8 @@ def write_serving_files(directory: Path, flags: dict, warning: str | None = None
     for engine in ("vllm", "sglang", "llama_cpp"):
         if engine in flags:
             script = directory / f"{engine}.sh"
+            if engine == "llama_cpp" and llama_cpp_warning:
+                header += f"# WARNING: {llama_cpp_warning}\n"
             command = shlex.join(flags[engine])
             if engine == "llama_cpp":
                 command = '"${LLAMA_SERVER:-llama-server}"' + command.removeprefix("llama-server")

@@ -28,6 +28,7 @@ from decode.serving.card import model_card, not_worth_serving
 from decode.serving.engines import ServingTarget, serving_flags, write_serving_files
 from decode.serving.formats import check_tokenizer, serving_copy
 from decode.serving.gguf import write_gguf
+from decode.serving.engine_costs import measure_engine_costs
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary
 
 log = logging.getLogger(__name__)
@@ -64,10 +65,6 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
         if settings.gguf:
             gguf_path = write_gguf(draft, ctx.pair.tokenizer, staging / "draft.gguf",
                                    tokenizer_source_gguf=target_gguf, outtype=settings.gguf_type)
-        flags = serving_flags(serving_target, destination / "draft",
-                              destination / "draft.gguf" if gguf_path else None, gamma)
-        warning = not_worth_serving(ctx.known)
-        write_serving_files(staging / "serving", flags, warning)
         checks = {}
         if settings.verify_prompts:
             verify_ids = verify_prompt_ids[: settings.verify_prompts]
@@ -75,7 +72,13 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
                                 verify_max_new_tokens, GGUF_ALPHA_TOLERANCE[settings.gguf_type])
             if gguf_path is not None and target_gguf is not None and settings.engine_check:
                 checks["engine"] = engine_check(ServerSpec(str(target_gguf), str(gguf_path), gamma=decode.gamma),
-                                                verify_ids, verify_max_new_tokens, ctx.run_dir / "engine_check.log")
+                                                verify_ids, verify_max_new_tokens, ctx.run_dir / "engine_check.log",
+                                                ctx.known.get("token_acceptance_after"))
+        engine = checks.get("engine", {})
+        flags = serving_flags(serving_target, destination / "draft",
+                              destination / "draft.gguf" if gguf_path else None, gamma, engine.get("gamma"))
+        warning = not_worth_serving(ctx.known)
+        write_serving_files(staging / "serving", flags, warning, engine_warning(engine))
         record = {"export_path": str(destination), "gamma": gamma, "flags": flags, "round_trip": checks,
                   "worth_serving": warning is None,
                   "draft_vocab_size": len(draft.config.draft_vocab) if getattr(draft.config, "draft_vocab", None)
@@ -92,9 +95,13 @@ def _serving_target_path(target_spec: ModelSpec) -> str:
     return str(Path(source).resolve()) if Path(source).exists() else source
 
 
-def engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path) -> dict:
+def engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path,
+                 token_acceptance: float | None) -> dict:
     """draft.gguf served by llama-server next to the target, greedy: it must load and draft. Skipped (and said so)
-    when llama-server is not installed; the export fails when the engine refuses the draft or drafts nothing."""
+    when llama-server is not installed; the export fails when the engine refuses the draft or drafts nothing.
+
+    Then llama-bench measures the engine's own step costs (c, v(gamma)), and with the eval's per-token acceptance
+    (else the engine's alpha here) they give the gamma llama_cpp.sh uses and the speedup it predicts."""
     try:
         find_binary(spec.binary)
     except ServerError as error:
@@ -109,7 +116,22 @@ def engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: 
     if drafted == 0:
         raise ExportMismatch(f"llama-server loaded the exported draft but drafted nothing (see {log_path}): "
                              f"nothing was published")
-    return {"prompts": len(replies), "drafted": drafted, "accepted": accepted, "alpha": accepted / drafted}
+    costs = measure_engine_costs(server.binary, spec.target_gguf, spec.draft_gguf, spec.threads)
+    acceptance = token_acceptance if token_acceptance is not None else accepted / drafted
+    gamma = costs.best_gamma(acceptance)
+    return {"prompts": len(replies), "drafted": drafted, "accepted": accepted, "alpha": accepted / drafted,
+            **costs.to_dict(), "gamma": gamma, "token_acceptance": acceptance,
+            "predicted_speedup": costs.expected_speedup(acceptance, gamma)}
+
+
+def engine_warning(engine: dict) -> str | None:
+    """A plain sentence when llama.cpp's own step costs predict no gain from this draft at any gamma."""
+    if engine.get("predicted_speedup") is None or engine["predicted_speedup"] >= 1.0:
+        return None
+    return (f"llama.cpp: with this draft's acceptance ({engine['token_acceptance']:.2f} per token) and the engine's "
+            f"step costs here (draft c = {engine['c']:.2f}, verify v({engine['gamma']}) = "
+            f"{engine['v'][engine['gamma']]:.2f}), the best gamma {engine['gamma']} predicts "
+            f"{engine['predicted_speedup']:.2f}x the target alone: serve the target without this draft")
 
 
 def round_trip(ctx: RunContext, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path | None,
