@@ -143,7 +143,9 @@ class ServedLoop:
         started = time.monotonic()
         settings = replace(self.config, request_logs=[str(self.request_log)], now=str(now))
         outcome = monitor.run(settings)
-        figures = {"alerts": outcome.alerts, "retrains": {d: r.exit_code for d, r in outcome.retrains.items()},
+        figures = {"judged": [f"{w.domain} {'-' if w.alpha is None else f'{w.alpha:.3f}'} {w.status}"
+                              for w in outcome.windows],
+                   "alerts": outcome.alerts, "retrains": {d: r.exit_code for d, r in outcome.retrains.items()},
                    "gates": {d: {"promote": g.promote, "reason": g.reason} for d, g in outcome.gates.items()}}
         self.step("monitor", started, **{k: v for k, v in figures.items() if v})
         return outcome
