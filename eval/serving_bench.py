@@ -4,7 +4,8 @@ The drafts served by llama-server next to the target, side by side in one run: f
 prompts, the target alone, the untrained draft (pair.draft.derive_layers of the target) and each given draft.
 Per draft and domain: tokens/s (generation, from the server's timings), acceptance = accepted/drafted from the
 server's own /metrics counters, the speedup over the target alone, and the speedup predicted from that
-acceptance and the engine's step costs (llama-bench: c for the draft, v for a gamma+1 verify batch). With
+acceptance and the engine's step costs (llama-bench: c for the draft, v for a gamma+1 verify batch; and in
+server, with the server's own time per token measured target alone, see decode/serving/engine_costs.py). With
 serving.decoder_check, the project's own decoder decodes the same prompts with each draft (same tokens in, same
 gamma) and its acceptance is printed beside the server's.
 
@@ -198,8 +199,11 @@ def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchCo
                     reference_tokens[domain] = tokens
                 else:
                     figures["same_tokens_as_target_alone"] = tokens == reference_tokens[domain]
-                    figures["predicted_speedup"] = costs[draft.label].predicted_speedup(
-                        figures["drafted"], figures["accepted"], figures["rounds"], settings.gamma)
+                    cost, counts = costs[draft.label], (figures["drafted"], figures["accepted"], figures["rounds"])
+                    figures["predicted_speedup"] = cost.predicted_speedup(*counts, settings.gamma)
+                    target_alone = results[NO_DRAFT][domain]
+                    figures["predicted_speedup_in_server"] = cost.predicted_speedup_in_server(
+                        *counts, settings.gamma, target_alone["seconds"] / target_alone["tokens"])
                     if settings.decoder_check:
                         key = (id(draft.model), domain)
                         if key not in decoder_alphas:
@@ -223,12 +227,15 @@ def format_markdown(report: dict) -> str:
     for label, cost in report["engine_costs"].items():
         lines.append(f"- {label}: c = {cost['c']:.3f}, v({gamma}) = {cost['v'][gamma]:.3f} (llama-bench: target "
                      f"{cost['target_tokens_per_s']:.1f} tok/s, draft {cost['draft_tokens_per_s']:.1f} tok/s)")
-    lines += ["", "| draft | domain | tok/s | speedup | predicted | alpha (server) | alpha (decoder) | same tokens |",
-              "|---|---|---|---|---|---|---|---|"]
+    lines += ["", "predicted: from llama-bench's bare forwards; in server: with the server's own time per token, "
+                  "target alone", "",
+              "| draft | domain | tok/s | speedup | predicted | predicted in server | alpha (server) | "
+              "alpha (decoder) | same tokens |", "|---|---|---|---|---|---|---|---|---|"]
     for label, by_domain in report["results"].items():
         for domain, f in by_domain.items():
             lines.append(f"| {label} | {domain} | {f['tokens_per_s']:.1f} | {f['speedup']:.2f}x | "
-                         f"{_figure(f.get('predicted_speedup'), 'x')} | {_figure(f.get('alpha'))} | "
+                         f"{_figure(f.get('predicted_speedup'), 'x')} | "
+                         f"{_figure(f.get('predicted_speedup_in_server'), 'x')} | {_figure(f.get('alpha'))} | "
                          f"{_figure(f.get('decoder_alpha'))} | {f.get('same_tokens_as_target_alone', '-')} |")
     return "\n".join(lines) + "\n"
 

@@ -33,6 +33,34 @@ def test_serving_flags_parse_and_name_the_paths(tmp_path):
         assert line[line.index("--host") + 1] == "127.0.0.1"
 
 
+# The arguments each engine documents, for the versions the README states: vLLM >= 0.14 (`vllm serve`,
+# engine/arg_utils.py; SpeculativeConfig.method "draft_model"), SGLang 0.5 (srt/server_args.py), llama.cpp b11434
+# (common/arg.cpp; the tests run this one for real).
+DOCUMENTED_ARGUMENTS = {
+    "vllm": {"--host", "--port", "--speculative-config", "-sc"},
+    "sglang": {"--model-path", "--model", "--host", "--port", "--speculative-algorithm",
+               "--speculative-draft-model-path", "--speculative-num-steps", "--speculative-eagle-topk",
+               "--speculative-num-draft-tokens"},
+    "llama_cpp": {"-m", "-md", "--host", "--port", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min",
+                  "--spec-draft-p-min", "--metrics", "-t", "-td"},
+}
+SPECULATIVE_METHODS = {"vllm": {"draft_model"}, "sglang": {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"},
+                       "llama_cpp": {"draft-simple"}}
+
+
+def test_every_emitted_engine_argument_is_one_the_engine_documents(tmp_path):
+    flags = serving_flags(ServingTarget("org/target", "t.gguf"), tmp_path / "draft", tmp_path / "d.gguf", gamma=3)
+    launcher = {"vllm": ["vllm", "serve", "org/target"], "sglang": ["python", "-m", "sglang.launch_server"],
+                "llama_cpp": ["llama-server"]}
+    for engine, documented in DOCUMENTED_ARGUMENTS.items():
+        assert flags[engine][:len(launcher[engine])] == launcher[engine]
+        emitted = {arg for arg in flags[engine][len(launcher[engine]):] if arg.startswith("-")}
+        assert emitted <= documented, f"{engine}: {sorted(emitted - documented)} not documented"
+    assert flags["vllm_speculative_config"]["method"] in SPECULATIVE_METHODS["vllm"]
+    assert flags["sglang"][flags["sglang"].index("--speculative-algorithm") + 1] in SPECULATIVE_METHODS["sglang"]
+    assert flags["llama_cpp"][flags["llama_cpp"].index("--spec-type") + 1] in SPECULATIVE_METHODS["llama_cpp"]
+
+
 def test_llama_cpp_gets_the_gamma_its_own_step_costs_call_for_and_its_own_warning(tmp_path):
     flags = serving_flags(ServingTarget("org/target", "t.gguf"), tmp_path / "draft", tmp_path / "d.gguf", gamma=4,
                           llama_cpp_gamma=1)

@@ -158,6 +158,7 @@ def test_the_serving_benchmark_measures_every_draft_beside_the_target_alone(tmp_
     assert abs(served["alpha"] - served["decoder_alpha"]) < 0.05
     costs = report["engine_costs"][UNTRAINED]
     assert costs["c"] > 0 and set(costs["v"]) == {1, 2, 3} and served["predicted_speedup"] > 0
+    assert served["predicted_speedup_in_server"] > 0
 
 
 def test_the_predicted_speedup_is_tokens_per_round_over_the_cost_of_a_round():
@@ -167,6 +168,10 @@ def test_the_predicted_speedup_is_tokens_per_round_over_the_cost_of_a_round():
     assert costs.predicted_speedup(drafted=30, accepted=15, rounds=10, gamma=3) == pytest.approx(2.5 / 1.75)
     assert costs.expected_speedup(0.5, 1) == pytest.approx(1.5 / 1.25)  # v(1) = 2 * 100 / 200
     assert costs.best_gamma(0.0) == 1 and costs.best_gamma(0.99) == 3
+    # in a server that spends 2 ms beyond the bare 10 ms forward on every position it samples: a round is
+    # 3 drafted positions (2.5 + 2 ms each), the verify (10 ms) and 4 verified positions (2 ms each)
+    assert costs.predicted_speedup_in_server(30, 15, 10, 3, server_token_s=0.012) == pytest.approx(
+        2.5 * 12 / (3 * 4.5 + 10 + 4 * 2))
 
 
 def test_the_exports_engine_check_serves_the_draft_and_picks_llama_cpps_gamma(tmp_path, tiny_pair, ggufs,

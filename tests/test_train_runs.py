@@ -57,7 +57,9 @@ def test_a_full_lora_run_reports_alpha_before_and_after_and_prints_its_directory
     record = json.loads((export / "export.json").read_text())
     checks = record["round_trip"]
     assert checks["same_greedy_output_hf"] and checks["same_greedy_output_gguf"]
-    assert abs(checks["alpha_hf"] - checks["alpha_trained"]) <= 0.01 >= abs(checks["alpha_gguf"] - checks["alpha_trained"])
+    assert abs(checks["alpha_hf"] - checks["alpha_trained"]) <= 0.01
+    # the q8_0 file against the trained draft rounded as the file stores it
+    assert abs(checks["alpha_gguf"] - checks["alpha_gguf_reference"]) <= 0.01
     vllm = json.loads((export / "serving" / "vllm.json").read_text())
     assert Path(vllm["model"], "model.safetensors").is_file()
     # the serving gamma is the one the eval stage found best for this draft, and it was measured there

@@ -8,6 +8,12 @@ A speculative round drafts d tokens (d <= gamma) and verifies them in one batch,
     predicted speedup = (1 + accepted/rounds) / ((drafted/rounds) * c + v(gamma))
 
 and, from a per-token acceptance a alone, (1 + a + ... + a^gamma) / (gamma * c + v(gamma)).
+
+llama-bench times bare forwards. A server also samples every position it computes, over the whole vocabulary,
+and keeps its books: measured target alone, its time per token T exceeds llama-bench's t by o = T - t. With
+that per-position cost (d drafted positions and d + 1 verified ones a round):
+
+    in-server speedup = (1 + accepted/rounds) * T / (d * (t_draft + o) + v(gamma) * t + (d + 1) * o)
 """
 
 from __future__ import annotations
@@ -39,6 +45,18 @@ class EngineCosts:
         if rounds <= 0:
             return float("nan")
         return (1 + accepted / rounds) / (drafted / rounds * self.draft_cost_ratio + self.verify_cost_ratio(gamma))
+
+    def predicted_speedup_in_server(self, drafted: float, accepted: float, rounds: float, gamma: int,
+                                    server_token_s: float) -> float:
+        """server_token_s: the server's own time per generated token, target alone (T above)."""
+        if rounds <= 0:
+            return float("nan")
+        target_s, draft_s = 1 / self.target_tokens_per_s, 1 / self.draft_tokens_per_s
+        overhead_s = max(server_token_s - target_s, 0.0)
+        drafted_per_round = drafted / rounds
+        round_s = (drafted_per_round * (draft_s + overhead_s) + self.verify_cost_ratio(gamma) * target_s
+                   + (drafted_per_round + 1) * overhead_s)
+        return (1 + accepted / rounds) * server_token_s / round_s
 
     def expected_speedup(self, token_acceptance: float, gamma: int) -> float:
         tokens_per_round = sum(token_acceptance ** i for i in range(gamma + 1))

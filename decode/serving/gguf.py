@@ -27,7 +27,7 @@ from gguf import (
     TokenType,
     get_tensor_name_map,
 )
-from gguf.quants import QuantError, quantize
+from gguf.quants import QuantError, dequantize, quantize
 
 from decode.errors import ExportError
 from decode.files import published
@@ -229,6 +229,25 @@ def _add_tensors(writer: GGUFWriter, model, arch: MODEL_ARCH, reorder_qk: bool,
             data_type = GGMLQuantizationType.F16
             data = quantize(data, data_type)
         writer.add_tensor(name, data, raw_dtype=data_type)
+
+
+def rounded_as_written(model, outtype: str):
+    """`model` (changed in place) with each weight matrix rounded as write_gguf stores it: what a correct file
+    reads back as. Rounding is per row, so the Q/K row reordering does not change it."""
+    with torch.no_grad():
+        for parameter in model.parameters():  # a tied matrix is rounded once
+            if parameter.ndim != 2:
+                continue
+            data = parameter.detach().to(device="cpu", dtype=torch.float32).numpy()
+            data_type = OUTTYPES[outtype][0]
+            try:
+                stored = quantize(data, data_type)
+            except QuantError:  # as _add_tensors falls back
+                data_type = GGMLQuantizationType.F16
+                stored = quantize(data, data_type)
+            rounded = dequantize(stored, data_type).reshape(data.shape)
+            parameter.copy_(torch.from_numpy(rounded).to(parameter.dtype))
+    return model
 
 
 def _interleave_rotary_halves(weight: np.ndarray, heads: int) -> np.ndarray:
