@@ -32,13 +32,13 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from decode.config import DecodeConfig, PairConfig
+from decode.config import PairConfig
 from decode.errors import ConfigError, SpecdraftError
 from decode.files import write_json, write_text
 from decode.models import ModelSpec, derive_draft, load_model, locate
 from decode.pair import ModelPair, load_pair
 from decode.sampling import SamplingParams
-from decode.serving.engine_costs import EngineCosts, measure_engine_costs
+from decode.serving.engine_costs import measure_engine_costs
 from decode.serving.formats import serving_copy
 from decode.serving.gguf import OUTTYPES, write_gguf
 from decode.speculative import GammaPolicy
@@ -225,7 +225,7 @@ def format_markdown(report: dict) -> str:
              f"{report['settings']['max_new_tokens']} tokens per domain", ""]
     gamma = report["settings"]["gamma"]
     for label, cost in report["engine_costs"].items():
-        lines.append(f"- {label}: c = {cost['c']:.3f}, v({gamma}) = {cost['v'][gamma]:.3f} (llama-bench: target "
+        lines.append(f"- {label}: c = {cost['c']:.3f}, v({gamma}) = {cost['v'][str(gamma)]:.3f} (llama-bench: target "
                      f"{cost['target_tokens_per_s']:.1f} tok/s, draft {cost['draft_tokens_per_s']:.1f} tok/s)")
     lines += ["", "predicted: from llama-bench's bare forwards; in server: with the server's own time per token, "
                   "target alone", "",

@@ -3,6 +3,7 @@ import os
 import pytest
 import torch
 
+from decode.serving.llama_server import ServerError, find_binary
 from decode.tiny import tiny_llama, tiny_tokenizer
 
 
@@ -34,3 +35,12 @@ def target64(tokenizer):
 def draft64(tokenizer):
     """An unrelated random draft: it disagrees with the target often, so rejections are exercised."""
     return tiny_llama(len(tokenizer), num_layers=1, seed=2, init_std=0.1, dtype=torch.float64)
+
+
+@pytest.fixture(scope="session")
+def server_binary():
+    """llama-server from the serving extra: a serving test fails, never skips, when it is missing."""
+    try:
+        return find_binary()
+    except ServerError as error:
+        pytest.fail(f"the serving tests need llama-server: {error}")

@@ -15,7 +15,6 @@ from decode.files import point_symlink
 from decode.models import ModelSpec
 from decode.pair import load_pair
 from decode.serving.gguf import write_gguf
-from decode.serving.llama_server import ServerError, find_binary
 from eval.closed_loop import ClosedLoopCommand, LoopConfig, run_loop
 from eval.config import PromotionConfig, ReplayPhase
 
@@ -24,12 +23,6 @@ TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="
                   draft=ModelSpec(path=None, derive_layers=1, dtype="float32", device="cpu"))
 
 
-@pytest.fixture(scope="module")
-def server_binary():
-    try:
-        return find_binary()
-    except ServerError as error:
-        pytest.fail(f"the closed-loop test needs llama-server: {error}")
 
 
 @pytest.fixture(scope="module")

@@ -72,7 +72,7 @@ def _engine_lines(engine: dict) -> list[str]:
     gamma = engine["gamma"]
     lines = [f"Served by llama-server at export, greedy, on {engine['prompts']} prompts: alpha = accepted/drafted "
              f"{engine['alpha']:.3f} ({engine['accepted']}/{engine['drafted']}). llama-bench step costs: draft "
-             f"c = {engine['c']:.3f}, verify v({gamma}) = {engine['v'][gamma]:.3f}; `--spec-draft-n-max {gamma}` "
+             f"c = {engine['c']:.3f}, verify v({gamma}) = {engine['v'][str(gamma)]:.3f}; `--spec-draft-n-max {gamma}` "
              f"predicts {engine['predicted_speedup']:.2f}x the target alone at per-token acceptance "
              f"{engine['token_acceptance']:.3f}.", ""]
     if engine["predicted_speedup"] < 1.0:

@@ -66,9 +66,10 @@ class EngineCosts:
         return max(self.verify_tokens_per_s, key=lambda gamma: self.expected_speedup(token_acceptance, gamma))
 
     def to_dict(self) -> dict:
+        """Plain JSON data (v keyed by str(gamma)), as summaries, W&B and export.json take it."""
         return {"target_tokens_per_s": self.target_tokens_per_s, "draft_tokens_per_s": self.draft_tokens_per_s,
                 "c": self.draft_cost_ratio,
-                "v": {gamma: self.verify_cost_ratio(gamma) for gamma in sorted(self.verify_tokens_per_s)}}
+                "v": {str(gamma): self.verify_cost_ratio(gamma) for gamma in sorted(self.verify_tokens_per_s)}}
 
 
 def bench_binary(server_binary: str) -> str:

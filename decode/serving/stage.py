@@ -128,7 +128,7 @@ def engine_warning(engine: dict) -> str | None:
         return None
     return (f"llama.cpp: with this draft's acceptance ({engine['token_acceptance']:.2f} per token) and the engine's "
             f"step costs here (draft c = {engine['c']:.2f}, verify v({engine['gamma']}) = "
-            f"{engine['v'][engine['gamma']]:.2f}), the best gamma {engine['gamma']} predicts "
+            f"{engine['v'][str(engine['gamma'])]:.2f}), the best gamma {engine['gamma']} predicts "
             f"{engine['predicted_speedup']:.2f}x the target alone: serve the target without this draft")
 
 
