@@ -20,7 +20,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -46,7 +46,6 @@ class ServerSpec:
     threads: int = 2
     ctx_size: int = 2048
     binary: Optional[str] = None
-    extra_args: list[str] = field(default_factory=list)
 
     def arguments(self, binary: str, port: int) -> list[str]:
         args = [binary, "-m", self.target_gguf, "--host", "127.0.0.1", "--port", str(port), "--metrics",
@@ -54,7 +53,7 @@ class ServerSpec:
         if self.draft_gguf:
             args += ["-md", self.draft_gguf, "--spec-type", "draft-simple", "--spec-draft-n-max", str(self.gamma),
                      "--spec-draft-p-min", "0", "-td", str(self.threads)]
-        return args + list(self.extra_args)
+        return args
 
 
 @dataclass
