@@ -30,6 +30,8 @@ class DecodeMetrics:
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     rounds_per_gamma: list[int] = field(default_factory=list)  # row-rounds at each policy gamma (AR steps at 0)
+    # per sequence, in decode order: [drafted, accepted, rejected]; intervals over prompts resample these
+    row_counts: list[list[int]] = field(default_factory=list)
     ttft_s: float = 0.0  # summed over calls
     draft_prefill_s: float = 0.0  # the draft's prompt forward: like ttft, not a per-round cost
     draft_s: float = 0.0  # draft steps in the rounds: forwards and sampling
@@ -40,7 +42,10 @@ class DecodeMetrics:
         merged = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(other, f.name)
-            merged[f.name] = _add_lists(a, b) if isinstance(a, list) else a + b
+            if f.name == "row_counts":
+                merged[f.name] = a + b
+            else:
+                merged[f.name] = _add_lists(a, b) if isinstance(a, list) else a + b
         return DecodeMetrics(**merged)
 
     @property

@@ -197,6 +197,7 @@ class _Batch:
         self.drafted_per_position = torch.zeros(largest_gamma, dtype=torch.long, device=device)
         self.accepted_per_position = torch.zeros(largest_gamma, dtype=torch.long, device=device)
         self.rejected = torch.zeros(1, dtype=torch.long, device=device)
+        self.row_counts = torch.zeros(self.batch, 3, dtype=torch.long, device=device)  # drafted, accepted, rejected
         self.record_top_k = record_top_k
         self.recorded: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: ids, log-probs [B, k]
 
@@ -284,7 +285,9 @@ class _Batch:
         positions = torch.arange(drafting, device=draft_tokens.device)
         self.drafted_per_position[:drafting] += (drafted[:, None] > positions).sum(0)
         self.accepted_per_position[:drafting] += (accepted[:, None] > positions).sum(0)
-        self.rejected += (accepted_counts < drafted).sum()
+        rejected = accepted_counts < drafted
+        self.rejected += rejected.sum()
+        self.row_counts += torch.stack([drafted, accepted, rejected.long()], dim=-1)
 
     def _propose(self, gamma: int, sampling: SamplingParams, kv_len: int, timer: PhaseTimer):
         """Draft gamma tokens per row -> tokens [B, gamma], their distributions q [B, gamma, V].
@@ -339,6 +342,7 @@ class _Batch:
         metrics.drafted_per_position, metrics.accepted_per_position = counts[:gamma], counts[gamma: 2 * gamma]
         metrics.drafted, metrics.accepted = sum(metrics.drafted_per_position), sum(metrics.accepted_per_position)
         metrics.rejected = counts[-1]
+        metrics.row_counts = self.row_counts.tolist()
         metrics.ttft_s = timer.seconds("ttft")
         metrics.draft_prefill_s = timer.seconds("draft_prefill")
         metrics.draft_s = timer.seconds("draft")

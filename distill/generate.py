@@ -98,18 +98,30 @@ def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids:
 
 
 def score_answers(runner: CausalLMRunner, records: list[dict], top_k_logprobs: int,
-                  precision: Precision = FLOAT32) -> list[dict]:
+                  precision: Precision = FLOAT32, batch_size: int = 8) -> list[dict]:
     """Add the runner model's top-k log-probabilities at the answer positions of sequences it did not write
-    (on-policy samples from the draft, scored by the target)."""
-    for record in records:
-        ids = torch.tensor([record["input_ids"]], device=runner.device)
-        answer_positions = torch.arange(record["prompt_length"] - 1, ids.shape[1] - 1, device=runner.device)
-        runner.reset(1, ids.shape[1])
+    (on-policy samples from the draft, scored by the target): one forward per batch of sequences of
+    similar length, right-padded (a causal model's logits at a position never see the padding after it)."""
+    order = sorted(range(len(records)), key=lambda i: len(records[i]["input_ids"]))
+    for begin in range(0, len(order), batch_size):
+        rows = [records[i] for i in order[begin: begin + batch_size]]
+        width = max(len(record["input_ids"]) for record in rows)
+        answer_lengths = [len(record["input_ids"]) - record["prompt_length"] for record in rows]
+        ids = torch.zeros(len(rows), width, dtype=torch.long, device=runner.device)
+        # the logits that predict each answer token; short rows repeat their last one
+        logits_at = torch.zeros(len(rows), max(answer_lengths), dtype=torch.long, device=runner.device)
+        for row, (record, length) in enumerate(zip(rows, answer_lengths)):
+            ids[row, : len(record["input_ids"])] = torch.tensor(record["input_ids"])
+            positions = torch.arange(record["prompt_length"] - 1, len(record["input_ids"]) - 1)
+            logits_at[row] = positions[torch.arange(logits_at.shape[1]).clamp(max=length - 1)]
+        runner.reset(len(rows), width)
         with precision.autocast():
-            logits = runner.forward(ids, torch.zeros(1, dtype=torch.long, device=runner.device), ids.shape[1],
-                                    logits_at=answer_positions[None])
-        top = torch.topk(torch.log_softmax(logits[0].float(), dim=-1), top_k_logprobs, dim=-1)
-        record["target_top_ids"], record["target_top_logprobs"] = top.indices.tolist(), top.values.tolist()
+            logits = runner.forward(ids, torch.zeros(len(rows), dtype=torch.long, device=runner.device), width,
+                                    logits_at=logits_at)
+        top = torch.topk(torch.log_softmax(logits.float(), dim=-1), top_k_logprobs, dim=-1)
+        for row, (record, length) in enumerate(zip(rows, answer_lengths)):
+            record["target_top_ids"] = top.indices[row, :length].tolist()
+            record["target_top_logprobs"] = top.values[row, :length].tolist()
     runner.free()
     return records
 

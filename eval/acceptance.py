@@ -20,8 +20,8 @@ def measure_acceptance(decoder: SpeculativeDecoder, prompt_ids: list[list[int]],
                        compare_ar: bool = True, description: str = "eval") -> dict:
     """Speculative decoding over the prompts (and AR on the same batches, interleaved, for the speed ratio).
 
-    Rates are computed from summed counts: alpha = accepted / drafted; 95% intervals for alpha and the speed
-    ratio come from a bootstrap over the batches.
+    Rates are computed from summed counts: alpha = accepted / drafted, per-token acceptance = accepted /
+    tested; their 95% intervals come from a bootstrap over the prompts, the speed ratio's over the batches.
     """
     speculative_batches, autoregressive_batches = [], []
     batches = [prompt_ids[at: at + batch_size] for at in range(0, len(prompt_ids), batch_size)]
@@ -36,21 +36,40 @@ def measure_acceptance(decoder: SpeculativeDecoder, prompt_ids: list[list[int]],
               "mean_accepted_length": speculative.mean_accepted_length,
               "tokens_per_s": speculative.tokens_per_s,
               "acceptance_by_position": speculative.acceptance_by_position(),
-              "alpha_interval": intervals["alpha_interval"], "counts": speculative.to_dict()}
+              "alpha_interval": intervals["alpha_interval"],
+              "token_acceptance_interval": intervals["token_acceptance_interval"], "counts": speculative.to_dict(),
+              "batch_tokens_and_seconds": [[m.tokens, m.total_s] for m in speculative_batches]}
     if compare_ar:
         report.update(ar_tokens_per_s=autoregressive.tokens_per_s,
                       speedup_vs_ar=speculative.tokens_per_s / autoregressive.tokens_per_s,
-                      speedup_interval=intervals["speedup_interval"])
+                      speedup_interval=intervals["speedup_interval"],
+                      ar_batch_tokens_and_seconds=[[m.tokens, m.total_s] for m in autoregressive_batches])
     return report
+
+
+def speedup_against(speculative: dict, autoregressive: dict, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
+    """The speed ratio (with its interval over batches) of one measure_acceptance report against the AR decode of
+    the same batches in another."""
+    columns = np.array([spec + ar for spec, ar in zip(speculative["batch_tokens_and_seconds"],
+                                                      autoregressive["ar_batch_tokens_and_seconds"])], dtype=float)
+    return {"ar_tokens_per_s": autoregressive["ar_tokens_per_s"],
+            "speedup_vs_ar": speculative["tokens_per_s"] / autoregressive["ar_tokens_per_s"],
+            "speedup_interval": bootstrap_interval(columns, ratio_of_rates, samples, seed)}
 
 
 def acceptance_intervals(speculative: list[DecodeMetrics], autoregressive: list[DecodeMetrics] | None,
                          samples: int, seed: int) -> dict:
-    """95% intervals for alpha and the speed ratio, by a bootstrap over the batches (prompts at batch size 1);
-    the speed interval needs an AR decode of the same batches."""
-    alpha_columns = np.array([[m.accepted, m.drafted] for m in speculative], dtype=float).reshape(-1, 2)
-    intervals = {"alpha_interval": bootstrap_interval(alpha_columns, ratio_of_sums, samples, seed),
-                 "speedup_interval": None}
+    """95% intervals for alpha and per-token acceptance, by a bootstrap over the prompts, and for the speed
+    ratio, over the batches (prompts at batch size 1: a batch's time is not split among its rows); the speed
+    interval needs an AR decode of the same batches."""
+    per_prompt = np.array([row for m in speculative for row in (m.row_counts or [[m.drafted, m.accepted, m.rejected]])],
+                          dtype=float).reshape(-1, 3)  # drafted, accepted, rejected; a batch without rows is one
+    drafted, accepted, rejected = per_prompt.T
+    intervals = {
+        "alpha_interval": bootstrap_interval(np.stack([accepted, drafted], 1), ratio_of_sums, samples, seed),
+        "token_acceptance_interval": bootstrap_interval(np.stack([accepted, accepted + rejected], 1), ratio_of_sums,
+                                                        samples, seed),
+        "speedup_interval": None}
     if autoregressive:
         speed_columns = np.array([[m.tokens, m.total_s, a.tokens, a.total_s]
                                   for m, a in zip(speculative, autoregressive)])

@@ -171,6 +171,7 @@ def draft_figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], decode: De
         "alpha": finite(total.alpha),
         "alpha_interval": intervals["alpha_interval"],
         "token_acceptance": finite(acceptance),
+        "token_acceptance_interval": intervals["token_acceptance_interval"],
         "mean_accepted_length": finite(total.mean_accepted_length),
         "acceptance_by_position": [finite(rate) for rate in total.acceptance_by_position()],
         "tokens_per_s": finite(total.tokens_per_s),

@@ -83,3 +83,33 @@ def test_the_trained_drafts_figures_come_with_intervals_that_hold_them(ctx, pair
     assert low <= summary["alpha_after"] <= high
     low, high = summary["speedup_vs_ar_after_interval"]
     assert low <= summary["speedup_vs_ar_after"] <= high and low > 0
+
+
+def test_acceptance_is_measured_on_every_prompt_and_speed_on_the_first_one_at_a_time(ctx, pair):
+    prompts = pair.encode_chat([f"prompt number {i}" for i in range(6)])
+    settings = EvalConfig(max_prompts=6, max_new_tokens=6, batch_size=3, speed_prompts=2, compare_ar=True)
+    summary = run_eval(ctx, settings, DecodeConfig(temperature=0.7, gamma=3), prompts)
+    after = json.loads((ctx.run_dir / "eval_after.json").read_text())
+    assert (summary["eval_prompts"], summary["eval_speed_prompts"]) == (6, 2)
+    assert after["counts"]["sequences"] == 6 and after["counts"]["calls"] == 2  # two batches of three
+    assert after["speed"]["counts"]["sequences"] == 2 == after["speed"]["counts"]["calls"]
+    # the intervals resample prompts, not batches: one row of counts per prompt, adding up to the totals
+    rows = after["counts"]["row_counts"]
+    assert len(rows) == 6
+    assert [sum(column) for column in zip(*rows)] == [after["counts"][key] for key in ("drafted", "accepted", "rejected")]
+    for key in ("alpha_after", "token_acceptance_after"):
+        low, high = summary[f"{key}_interval"]
+        assert low <= summary[key] <= high
+
+
+def test_intervals_over_prompts_see_the_spread_inside_a_batch():
+    from decode.metrics import DecodeMetrics
+    from eval.acceptance import acceptance_intervals
+
+    rows = [[10, 9, 1], [10, 1, 5], [10, 8, 1], [10, 2, 4]]
+    batch = DecodeMetrics(calls=1, sequences=4, drafted=40, accepted=20, rejected=11, row_counts=rows)
+    intervals = acceptance_intervals([batch], None, 500, 0)
+    low, high = intervals["alpha_interval"]
+    assert low < 0.5 < high and high - low > 0.2
+    low, high = intervals["token_acceptance_interval"]
+    assert low < 20 / 31 < high

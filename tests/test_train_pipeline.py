@@ -64,6 +64,19 @@ def test_debug_tiny_switches_to_the_tiny_pair(compose_train):
     assert cfg.pair.target.path == "tiny-random" and cfg.logger.mode == "disabled"
 
 
+def test_the_long_budget_answers_every_shipped_training_prompt_in_its_own_run_directory(compose_train):
+    from distill.data import load_domain_prompts
+    from train.pipeline import run_directory
+
+    default, long = compose_train(["+domain=code"]), compose_train(["+domain=code", "+budget=long"])
+    validate(long)
+    prompts = load_domain_prompts(long.domain)
+    assert long.generate.max_train_prompts == len(prompts.train) > default.generate.max_train_prompts
+    assert long.generate.max_validation_prompts == len(prompts.validation)
+    assert long.method.epochs > default.method.epochs
+    assert run_directory(long) != run_directory(default)
+
+
 def test_running_without_a_domain_names_the_domains(compose_train, tmp_path):
     with pytest.raises(ConfigError, match="code"):
         validate(compose_train([]))
@@ -171,14 +184,14 @@ def settings(**overrides):
     return MethodConfig(**{**base, **overrides})
 
 
-def make_recipe(pair, examples, tmp_path, draft=None, kept_ids=None, **overrides):
+def make_recipe(pair, examples, tmp_path, draft=None, kept_ids=None, on_policy=None, **overrides):
     import copy
 
     draft = draft if draft is not None else copy.deepcopy(pair.draft).float().train()
     return DistillationRecipe(settings(**overrides), 0, draft, pair.vocab_size, 0, examples, examples[:2],
                               tmp_path / "checkpoints", Accelerator(cpu=True),
                               Tracker(LoggerConfig(mode="disabled"), tmp_path, {}, "test"),
-                              SamplingParams(temperature=0.7), kept_ids)
+                              SamplingParams(temperature=0.7), kept_ids, on_policy)
 
 
 def fixed_batch_loss(recipe, examples):

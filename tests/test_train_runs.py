@@ -50,7 +50,8 @@ def test_a_full_lora_run_reports_alpha_before_and_after_and_prints_its_directory
     assert 0.0 <= summary["alpha_after"] <= 1.0
     draft = load_file(str(run_dir / "draft" / "model.safetensors"))
     assert not any("lora" in name for name in draft)  # the adapter was merged
-    assert "held-out acceptance alpha" in result.stdout
+    assert "alpha = accepted/drafted" in result.stdout and "per-token acceptance = accepted/tested" in result.stdout
+    assert "one request at a time" in result.stdout  # the speed line
 
     export = Path(summary["export_path"])
     assert export == run_dir.resolve() / "export"
@@ -148,8 +149,11 @@ def test_two_accelerate_processes_share_generation_and_training(tmp_path, cache)
     assert summary["train_steps"] == 2 and (tmp_path / "run" / "draft" / "model.safetensors").is_file()
 
 
-def test_on_policy_mixing_replaces_a_share_of_the_targets_answers(tmp_path, cache):
+def test_on_policy_mixing_samples_the_draft_every_few_steps(tmp_path, cache):
     run_dir = tmp_path / "run"
-    run(train_command("method.on_policy_fraction=0.5", "stages=[generate,train]", f"run_dir={run_dir}"), cache)
+    # 4 sequences a step, 2 of them the draft's own: fresh samples before steps 0 and 2
+    run(train_command("method.on_policy_fraction=0.5", "method.on_policy_every=2", "stages=[generate,train]",
+                      f"run_dir={run_dir}"), cache)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["on_policy_examples"] == 4 and summary["train_examples"] == 8
+    assert summary["train_on_policy_samples"] == 8 and summary["train_examples"] == 8
+    assert summary["train_on_policy_seconds"] > 0

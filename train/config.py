@@ -43,7 +43,8 @@ class MethodConfig:
     max_grad_norm: float = 1.0
     train_embeddings: bool = True
     prune_vocab: int = 8192  # keep the K tokens with the most target probability in the training data (0: all)
-    on_policy_fraction: float = 0.0
+    on_policy_fraction: float = 0.0  # share of each step's sequences that are the current draft's own answers
+    on_policy_every: int = 8  # steps between fresh samples from the draft
     checkpoint_every: int = 24
     keep_checkpoints: int = 2
     eval_every: int = 24

@@ -45,13 +45,15 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"stages must be a non-empty list from {list(STAGES)}, got {list(config.stages)}")
     method = config.method
     for key in ("micro_batch_size", "gradient_accumulation", "epochs", "checkpoint_every", "eval_every",
-                "keep_checkpoints"):
+                "keep_checkpoints", "on_policy_every"):
         if getattr(method, key) < 1:
             raise ConfigError(f"method.{key} must be >= 1, got {getattr(method, key)}")
     if method.loss not in LOSSES:
         raise ConfigError(f"method.loss {method.loss!r} is not one of {sorted(LOSSES)}")
     if not 0.0 <= method.on_policy_fraction < 1.0:
         raise ConfigError(f"method.on_policy_fraction must be in [0, 1), got {method.on_policy_fraction}")
+    if method.on_policy_fraction and method.micro_batch_size * method.gradient_accumulation < 2:
+        raise ConfigError("method.on_policy_fraction needs at least 2 sequences per step: raise method.micro_batch_size")
     for key, setting in (("method.autocast", method.autocast), ("generate.autocast", config.generate.autocast)):
         if setting not in AUTOCAST_SETTINGS:
             raise ConfigError(f"{key} must be one of {AUTOCAST_SETTINGS}, got {setting!r}")
@@ -141,12 +143,15 @@ def format_summary(summary: dict, run_dir: Path) -> str:
 
     lines = [f"== {summary['domain']} / {summary['method']} =="]
     if "alpha_after" in summary:
-        lines.append(f"held-out acceptance alpha = accepted/drafted (speculative decoding, gamma "
-                     f"{summary.get('eval_gamma', '?')}, {summary.get('eval_prompts', '?')} prompts): "
-                     f"{number('alpha_before')} -> {number('alpha_after')}{interval('alpha_after_interval')} (95% interval over prompts)")
-        lines.append(f"per-token acceptance = accepted/tested: {number('token_acceptance_before')} -> "
-                     f"{number('token_acceptance_after')}")
-        lines.append(f"mean accepted length {number('mean_accepted_length_after', '.2f')} tokens/round; "
+        lines.append(f"held-out acceptance, {summary.get('eval_prompts', '?')} prompts, gamma "
+                     f"{summary.get('eval_gamma', '?')}, [95% interval over prompts]:")
+        lines.append(f"  alpha = accepted/drafted (what vLLM and llama.cpp count): {number('alpha_before')} -> "
+                     f"{number('alpha_after')}{interval('alpha_after_interval')}")
+        lines.append(f"  per-token acceptance = accepted/tested: {number('token_acceptance_before')} -> "
+                     f"{number('token_acceptance_after')}{interval('token_acceptance_after_interval')}")
+        lines.append(f"  mean accepted length {number('mean_accepted_length_after', '.2f')} tokens/round")
+    if summary.get("speedup_vs_ar_after") is not None:
+        lines.append(f"speed, the first {summary.get('eval_speed_prompts', '?')} of them one request at a time: "
                      f"speculative {number('spec_tokens_per_s_after', '.1f')} tok/s vs AR "
                      f"{number('ar_tokens_per_s', '.1f')} tok/s = {number('speedup_vs_ar_after', '.2f')}x"
                      f"{interval('speedup_vs_ar_after_interval')}")
@@ -155,7 +160,8 @@ def format_summary(summary: dict, run_dir: Path) -> str:
                      f"{number('draft_cost_ratio')}): alpha {number('alpha_at_recommended_gamma')}, "
                      f"mean accepted length {number('mean_accepted_length_at_recommended_gamma', '.2f')}, "
                      f"speculative {number('spec_tokens_per_s_at_recommended_gamma', '.1f')} tok/s = "
-                     f"{number('speedup_vs_ar_at_recommended_gamma', '.2f')}x AR")
+                     f"{number('speedup_vs_ar_at_recommended_gamma', '.2f')}x AR"
+                     f"{interval('speedup_vs_ar_at_recommended_gamma_interval')}")
     warning = not_worth_serving(summary)
     if warning:
         lines.append(f"NOT WORTH SERVING: {warning}")

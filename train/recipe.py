@@ -9,15 +9,20 @@ same), backward, clip, step. Checkpoints are written atomically and a rerun of
 the same command resumes from the last one; a non-finite loss or gradient stops
 before the update is applied. The draft's forward runs under bf16 autocast where
 that was measured to pay (decode/precision.py); the loss is computed in float32.
+
+With on-policy mixing, a share of every step's sequences are the current draft's own answers, scored by
+the target (distill/on_policy.py): sampled afresh every `on_policy_every` steps, kept in the checkpoints.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 import shutil
-from contextlib import nullcontext
+import time
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
 
 import torch
@@ -32,6 +37,7 @@ from decode.precision import choose_precision, cpu_bf16_speedup
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.data import Example, collate
 from distill.losses import LOSSES, coarse_grained, masked_sum
+from distill.on_policy import OnPolicySampler
 from train.config import MethodConfig
 
 log = logging.getLogger(__name__)
@@ -63,7 +69,8 @@ class KeptRowsHead(nn.Module):
 class DistillationRecipe:
     def __init__(self, settings: MethodConfig, seed: int, draft, vocab_size: int, pad_token_id: int,
                  train_examples: list[Example], validation_examples: list[Example], checkpoint_dir: Path,
-                 accelerator, tracker, eval_sampling: SamplingParams, kept_ids: list[int] | None = None):
+                 accelerator, tracker, eval_sampling: SamplingParams, kept_ids: list[int] | None = None,
+                 on_policy: OnPolicySampler | None = None):
         if settings.loss not in LOSSES:
             raise ValueError(f"unknown loss {settings.loss!r}; choose one of {sorted(LOSSES)}")
         if not train_examples:
@@ -95,7 +102,19 @@ class DistillationRecipe:
         optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=settings.weight_decay)
         self.examples_per_step = settings.micro_batch_size * settings.gradient_accumulation * \
             accelerator.num_processes
-        steps_per_epoch = math.ceil(len(train_examples) / self.examples_per_step)
+        self.on_policy = on_policy if settings.on_policy_fraction > 0 else None
+        self.on_policy_per_step = 0
+        if self.on_policy:
+            if self.examples_per_step < 2:
+                raise ValueError("on-policy mixing needs at least 2 sequences per step (method.micro_batch_size)")
+            self.on_policy_per_step = min(max(round(settings.on_policy_fraction * self.examples_per_step), 1),
+                                          self.examples_per_step - 1)
+        self.on_policy_pool: list[Example] = []
+        self.on_policy_refresh = -1  # which refresh the pool comes from
+        self.on_policy_seconds, self.on_policy_samples = 0.0, 0
+        # an epoch shows every target answer once; on-policy sequences come on top
+        self.offline_per_step = self.examples_per_step - self.on_policy_per_step
+        steps_per_epoch = math.ceil(len(train_examples) / self.offline_per_step)
         self.total_steps = settings.max_steps or settings.epochs * steps_per_epoch
         self.steps_per_epoch = steps_per_epoch
         self.draft, self.optimizer = accelerator.prepare(draft, optimizer)
@@ -132,6 +151,9 @@ class DistillationRecipe:
                 if self.step % self.settings.checkpoint_every == 0 and self.step < self.total_steps:
                     self._save_checkpoint()
         history.update(steps=self.total_steps, final_loss=loss, **self.precision.summary())
+        if self.on_policy:
+            history.update(on_policy_samples=self.on_policy_samples,
+                           on_policy_seconds=round(self.on_policy_seconds, 1))
         return history
 
     def _optimizer_step(self, micro_batches: list[dict]) -> float:
@@ -201,12 +223,56 @@ class DistillationRecipe:
         epoch, index_in_epoch = divmod(step, self.steps_per_epoch)
         order = torch.randperm(len(self.train_examples),
                                generator=torch.Generator().manual_seed(self.seed * 1000 + epoch)).tolist()
-        begin = index_in_epoch * self.examples_per_step
-        chosen = [order[(begin + i) % len(order)] for i in range(self.examples_per_step)]
+        begin = index_in_epoch * self.offline_per_step
+        chosen = [self.train_examples[order[(begin + i) % len(order)]] for i in range(self.offline_per_step)]
+        chosen += self._on_policy_examples(step)
         mine = chosen[self.accelerator.process_index:: self.accelerator.num_processes]
         size = self.settings.micro_batch_size
-        return [self._to_device(collate([self.train_examples[i] for i in mine[at: at + size]], self.pad_token_id))
-                for at in range(0, len(mine), size)]
+        return [self._to_device(collate(mine[at: at + size], self.pad_token_id)) for at in range(0, len(mine), size)]
+
+    # ---- on-policy sequences: the current draft's answers, refreshed every on_policy_every steps ------
+    def _on_policy_examples(self, step: int) -> list[Example]:
+        if not self.on_policy:
+            return []
+        refresh, offset = divmod(step, self.settings.on_policy_every)
+        if refresh != self.on_policy_refresh:
+            self._refresh_on_policy(refresh)
+        begin = offset * self.on_policy_per_step
+        pool = self.on_policy_pool
+        return [pool[(begin + i) % len(pool)] for i in range(self.on_policy_per_step)]
+
+    def _refresh_on_policy(self, refresh: int) -> None:
+        """The draft as it is now answers the prompts of this refresh; each process samples its share."""
+        began = time.perf_counter()
+        accelerator = self.accelerator
+        chosen = self.on_policy.prompts_for(refresh, self.on_policy_per_step * self.settings.on_policy_every)
+        with self._draft_with_full_head() as draft:
+            pool = self.on_policy.sample(draft, chosen[accelerator.process_index:: accelerator.num_processes],
+                                         refresh)
+        if accelerator.num_processes > 1:
+            from accelerate.utils import gather_object
+
+            pool = gather_object(pool)
+        if not pool:
+            raise ValueError("no on-policy sequence fits method.max_length; raise it")
+        self.on_policy_pool, self.on_policy_refresh = pool, refresh
+        self.on_policy_samples += len(pool)
+        self.on_policy_seconds += time.perf_counter() - began
+        self.tracker.log({"train/on_policy_seconds": self.on_policy_seconds}, step=self.step)
+
+    @contextmanager
+    def _draft_with_full_head(self):
+        """The unwrapped draft with its full output head, as the decoder runs it (a pruned draft's runner
+        projects onto config.draft_vocab itself)."""
+        draft = self.accelerator.unwrap_model(self.draft)
+        causal_lm = base_causal_lm(draft)
+        head = causal_lm.get_output_embeddings()
+        if isinstance(head, KeptRowsHead):
+            causal_lm.set_output_embeddings(head.head)
+        try:
+            yield draft
+        finally:
+            causal_lm.set_output_embeddings(head)
 
     def _to_device(self, batch: dict) -> dict:
         return {key: value.to(self.accelerator.device) for key, value in batch.items()}
@@ -261,6 +327,10 @@ class DistillationRecipe:
         if accelerator.is_main_process:
             state = {"step": self.step, "autocast": self.precision.name}
             (staging / "trainer_state.json").write_text(json.dumps(state))
+            if self.on_policy_pool:  # a resumed run goes on with the samples this one was training on
+                (staging / "on_policy.json").write_text(json.dumps(
+                    {"refresh": self.on_policy_refresh,
+                     "examples": [dataclasses.asdict(example) for example in self.on_policy_pool]}))
             publish(staging, final)  # a checkpoint exists whole or not at all
             for old in sorted(self.checkpoint_dir.glob("step-*"))[: -self.settings.keep_checkpoints]:
                 shutil.rmtree(old, ignore_errors=True)
@@ -276,4 +346,8 @@ class DistillationRecipe:
             return
         self.accelerator.load_state(str(latest))
         self.step = json.loads((latest / "trainer_state.json").read_text())["step"]
+        if self.on_policy and (latest / "on_policy.json").is_file():
+            saved = json.loads((latest / "on_policy.json").read_text())
+            self.on_policy_pool = [Example(**example) for example in saved["examples"]]
+            self.on_policy_refresh = saved["refresh"]
         log.info("resumed from %s (step %d of %d)", latest, self.step, self.total_steps)

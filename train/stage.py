@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import copy
 
-import torch
-
 from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.files import published
-from decode.models import make_runner
 from distill.config import DomainConfig, GenerateConfig
-from distill.data import DomainPrompts, Example, examples_from_records
-from distill.generate import answer_prompts, score_answers
+from distill.data import DomainPrompts, examples_from_records
+from distill.on_policy import OnPolicySampler
 from distill.stage import target_answers, training_prompts
 from distill.vocab import most_probable_tokens, target_mass
 from train.config import LoraSettings, MethodConfig
@@ -38,13 +35,11 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
         draft.get_output_embeddings().requires_grad_(False)
     if method.lora:
         draft = _with_lora(draft, method.lora)
-    if method.on_policy_fraction:
-        on_policy = _on_policy_examples(ctx, draft, method, domain, generate, prompts)
-        train_examples = train_examples[: len(train_examples) - len(on_policy)] + on_policy
-        summary["on_policy_examples"] = len(on_policy)
+    on_policy = _on_policy_sampler(ctx, method, domain, generate, decode, prompts) \
+        if method.on_policy_fraction else None
     recipe = DistillationRecipe(method, ctx.seed, draft, ctx.pair.vocab_size, ctx.pair.tokenizer.pad_token_id or 0,
                                 train_examples, validation_examples, ctx.run_dir / "checkpoints", ctx.accelerator,
-                                ctx.tracker, decode.sampling(), kept)
+                                ctx.tracker, decode.sampling(), kept, on_policy)
     history = recipe.train()
     summary.update({f"train_{key}": value for key, value in history.items()})
     summary["train_examples"] = len(train_examples)
@@ -68,21 +63,15 @@ def _with_lora(draft, lora: LoraSettings):
     return get_peft_model(draft, config)
 
 
-def _on_policy_examples(ctx: RunContext, draft, method: MethodConfig, domain: DomainConfig,
-                        generate: GenerateConfig, prompts: DomainPrompts) -> list[Example]:
-    """The draft's own answers to a share of the training prompts, scored by the target."""
-    train_prompts = training_prompts(prompts, generate)["train"]
-    count = int(round(method.on_policy_fraction * len(train_prompts)))
-    chosen = torch.randperm(len(train_prompts), generator=torch.Generator().manual_seed(ctx.seed))[:count]
-    chosen_prompts = [train_prompts[i] for i in chosen.tolist()]
-    runner = make_runner(draft.eval(), ctx.pair.vocab_size, "auto")
-    answers = answer_prompts(runner, ctx.pair.eos_token_ids,
-                             ctx.pair.encode_chat([p.text for p in chosen_prompts], domain.system_prompt),
-                             generate.sampling(), generate.max_new_tokens, generate.batch_size, ctx.seed + 1,
-                             description="on-policy")
-    draft.train()
-    answers = score_answers(ctx.pair.target_runner(), answers, generate.top_k_logprobs)
-    return examples_from_records(answers, method.max_length)
+def _on_policy_sampler(ctx: RunContext, method: MethodConfig, domain: DomainConfig, generate: GenerateConfig,
+                       decode: DecodeConfig, prompts: DomainPrompts) -> OnPolicySampler:
+    """The current draft answers the training prompts (those that leave room for an answer) as the decoder
+    samples, as long as the target's answers; the target scores them."""
+    prompt_ids = ctx.pair.encode_chat([p.text for p in training_prompts(prompts, generate)["train"]],
+                                      domain.system_prompt)
+    return OnPolicySampler(ctx.pair.target_runner(), [ids for ids in prompt_ids if len(ids) < method.max_length],
+                           ctx.pair.eos_token_ids, ctx.pair.vocab_size, decode.sampling(), generate.max_new_tokens,
+                           generate.batch_size, generate.top_k_logprobs, method.max_length, ctx.seed)
 
 
 def _save_draft(ctx: RunContext, draft) -> None:

@@ -28,6 +28,10 @@ def model_card(record: dict, summary: dict, config: dict) -> str:
         value = summary.get(key)
         return f"{value:.3f}" if isinstance(value, (int, float)) else "-"
 
+    def interval(key: str) -> str:
+        bounds = summary.get(f"{key}_interval")
+        return f" [{bounds[0]:.3f}, {bounds[1]:.3f}]" if bounds else ""
+
     warning = not_worth_serving(summary)
     lines = [
         f"# Draft model for speculative decoding: {domain['name']}", "",
@@ -41,14 +45,16 @@ def model_card(record: dict, summary: dict, config: dict) -> str:
         f"- method: {method['name']}, loss {method['loss']}, lr {method['lr']}, {summary.get('train_steps', '?')} steps"
         + (f", LoRA r={method['lora']['r']} (merged)" if method.get("lora") else ""),
         f"- draft vocabulary: {record['draft_vocab_size'] or 'full'}",
-        f"- held-out acceptance on {domain['name']} (speculative decoding at temperature {decode['temperature']}, "
-        f"gamma {decode['gamma']}): alpha = accepted/drafted {figure('alpha_before')} before training, "
-        f"{figure('alpha_after')} after; per-token acceptance {figure('token_acceptance_before')} -> "
-        f"{figure('token_acceptance_after')}",
+        f"- held-out acceptance on {summary.get('eval_prompts', '?')} {domain['name']} prompts (speculative decoding "
+        f"at temperature {decode['temperature']}, gamma {decode['gamma']}; 95% intervals over prompts): alpha = "
+        f"accepted/drafted {figure('alpha_before')} before training, {figure('alpha_after')}"
+        f"{interval('alpha_after')} after; per-token acceptance {figure('token_acceptance_before')} -> "
+        f"{figure('token_acceptance_after')}{interval('token_acceptance_after')}",
         f"- recommended gamma: {record['gamma']}" + (
             f" (the most tokens per second for this draft's acceptance and measured step cost c = "
             f"{figure('draft_cost_ratio')}; there alpha = {figure('alpha_at_recommended_gamma')}, "
-            f"speculative decoding {figure('speedup_vs_ar_at_recommended_gamma')}x autoregressive)"
+            f"speculative decoding {figure('speedup_vs_ar_at_recommended_gamma')}x autoregressive"
+            f"{interval('speedup_vs_ar_at_recommended_gamma')})"
             if summary.get("speedup_vs_ar_at_recommended_gamma") else ""), "",
         "## Serving", "", "vLLM:", "", "```", _command(flags["vllm"]), "```", "", "SGLang:", "", "```",
         _command(flags["sglang"]), "```", ""]
