@@ -37,24 +37,12 @@ def measure_acceptance(decoder: SpeculativeDecoder, prompt_ids: list[list[int]],
               "tokens_per_s": speculative.tokens_per_s,
               "acceptance_by_position": speculative.acceptance_by_position(),
               "alpha_interval": intervals["alpha_interval"],
-              "token_acceptance_interval": intervals["token_acceptance_interval"], "counts": speculative.to_dict(),
-              "batch_tokens_and_seconds": [[m.tokens, m.total_s] for m in speculative_batches]}
+              "token_acceptance_interval": intervals["token_acceptance_interval"], "counts": speculative.to_dict()}
     if compare_ar:
         report.update(ar_tokens_per_s=autoregressive.tokens_per_s,
                       speedup_vs_ar=speculative.tokens_per_s / autoregressive.tokens_per_s,
-                      speedup_interval=intervals["speedup_interval"],
-                      ar_batch_tokens_and_seconds=[[m.tokens, m.total_s] for m in autoregressive_batches])
+                      speedup_interval=intervals["speedup_interval"])
     return report
-
-
-def speedup_against(speculative: dict, autoregressive: dict, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
-    """The speed ratio (with its interval over batches) of one measure_acceptance report against the AR decode of
-    the same batches in another."""
-    columns = np.array([spec + ar for spec, ar in zip(speculative["batch_tokens_and_seconds"],
-                                                      autoregressive["ar_batch_tokens_and_seconds"])], dtype=float)
-    return {"ar_tokens_per_s": autoregressive["ar_tokens_per_s"],
-            "speedup_vs_ar": speculative["tokens_per_s"] / autoregressive["ar_tokens_per_s"],
-            "speedup_interval": bootstrap_interval(columns, ratio_of_rates, samples, seed)}
 
 
 def acceptance_intervals(speculative: list[DecodeMetrics], autoregressive: list[DecodeMetrics] | None,

@@ -54,19 +54,39 @@ def test_the_untrained_draft_is_measured_again_when_the_prompts_change(ctx, pair
     assert before["key"] == eval.stage.eval_key(other_prompts, DECODE, SETTINGS, ctx.seed)
 
 
-def test_the_recommended_gamma_file_always_describes_this_run(ctx, pair, monkeypatch):
+def test_speed_is_measured_at_the_recommended_gamma_after_timing_the_step_cost(ctx, pair, monkeypatch):
     prompts = pair.encode_chat(["first prompt", "second prompt"])
-    monkeypatch.setattr(eval.stage, "recommended_gamma", lambda *args, **kwargs: 5)
-    summary = run_eval(ctx, SETTINGS, DECODE, prompts)
-    at_gamma = json.loads((ctx.run_dir / "eval_recommended_gamma.json").read_text())
-    assert summary["recommended_gamma"] == at_gamma["gamma"] == 5 and at_gamma["decoded_again"]
-    assert len(at_gamma["counts"]["drafted_per_position"]) == 5
+    chosen = []
 
-    monkeypatch.setattr(eval.stage, "recommended_gamma", lambda *args, **kwargs: DECODE.gamma)
+    def recommend(token_acceptance, cost_ratio, **bounds):
+        chosen.append((token_acceptance, cost_ratio))
+        return 5
+
+    monkeypatch.setattr(eval.stage, "recommended_gamma", recommend)
     summary = run_eval(ctx, SETTINGS, DECODE, prompts)
     at_gamma = json.loads((ctx.run_dir / "eval_recommended_gamma.json").read_text())
-    assert summary["recommended_gamma"] == at_gamma["gamma"] == DECODE.gamma and not at_gamma["decoded_again"]
-    assert at_gamma["alpha"] == pytest.approx(summary["alpha_after"])
+    # chosen from the acceptance on every eval prompt and c timed at the configured gamma
+    assert chosen == [(summary["token_acceptance_after"], summary["draft_cost_ratio"])]
+    assert len(at_gamma["cost_probe"]["drafted_per_position"]) == DECODE.gamma
+    assert summary["recommended_gamma"] == at_gamma["gamma"] == 5
+    assert len(at_gamma["counts"]["drafted_per_position"]) == 5
+    assert at_gamma["ar_tokens_per_s"] == summary["ar_tokens_per_s"] > 0  # AR decoded in the same pass
+    assert summary["speedup_vs_ar_at_recommended_gamma"] == pytest.approx(
+        at_gamma["tokens_per_s"] / at_gamma["ar_tokens_per_s"])
+    assert summary["alpha_at_recommended_gamma"] == at_gamma["alpha"]
+
+
+def test_without_the_recommended_gamma_speed_is_measured_at_the_configured_one(ctx, pair):
+    prompts = pair.encode_chat(["first prompt", "second prompt"])
+    run_eval(ctx, SETTINGS, DECODE, prompts)
+    assert (ctx.run_dir / "eval_recommended_gamma.json").is_file()
+    settings = EvalConfig(max_prompts=2, max_new_tokens=6, batch_size=2, compare_ar=True, at_recommended_gamma=False)
+    summary = run_eval(ctx, settings, DECODE, prompts)
+    assert not (ctx.run_dir / "eval_recommended_gamma.json").exists()  # never an earlier run's file
+    speed = json.loads((ctx.run_dir / "eval_after.json").read_text())["speed"]
+    assert len(speed["counts"]["drafted_per_position"]) == DECODE.gamma
+    assert summary["speedup_vs_ar_after"] == speed["speedup_vs_ar"]
+    assert summary["speedup_vs_ar_at_recommended_gamma"] is None and 1 <= summary["recommended_gamma"] <= 8
 
 
 def test_a_recommended_gamma_below_min_gamma_is_never_given(ctx, pair):
@@ -81,8 +101,8 @@ def test_the_trained_drafts_figures_come_with_intervals_that_hold_them(ctx, pair
     summary = run_eval(ctx, settings, DecodeConfig(temperature=0.7, gamma=3), prompts)
     low, high = summary["alpha_after_interval"]
     assert low <= summary["alpha_after"] <= high
-    low, high = summary["speedup_vs_ar_after_interval"]
-    assert low <= summary["speedup_vs_ar_after"] <= high and low > 0
+    low, high = summary["speedup_vs_ar_at_recommended_gamma_interval"]
+    assert low <= summary["speedup_vs_ar_at_recommended_gamma"] <= high and low > 0
 
 
 def test_acceptance_is_measured_on_every_prompt_and_speed_on_the_first_one_at_a_time(ctx, pair):

@@ -150,18 +150,20 @@ def format_summary(summary: dict, run_dir: Path) -> str:
         lines.append(f"  per-token acceptance = accepted/tested: {number('token_acceptance_before')} -> "
                      f"{number('token_acceptance_after')}{interval('token_acceptance_after_interval')}")
         lines.append(f"  mean accepted length {number('mean_accepted_length_after', '.2f')} tokens/round")
-    if summary.get("speedup_vs_ar_after") is not None:
-        lines.append(f"speed, the first {summary.get('eval_speed_prompts', '?')} of them one request at a time: "
-                     f"speculative {number('spec_tokens_per_s_after', '.1f')} tok/s vs AR "
-                     f"{number('ar_tokens_per_s', '.1f')} tok/s = {number('speedup_vs_ar_after', '.2f')}x"
-                     f"{interval('speedup_vs_ar_after_interval')}")
+    speed_prompts = f"the first {summary.get('eval_speed_prompts', '?')} prompts one request at a time, each also AR"
     if summary.get("speedup_vs_ar_at_recommended_gamma") is not None:
-        lines.append(f"at the recommended gamma {summary['recommended_gamma']} (draft step cost c = "
-                     f"{number('draft_cost_ratio')}): alpha {number('alpha_at_recommended_gamma')}, "
-                     f"mean accepted length {number('mean_accepted_length_at_recommended_gamma', '.2f')}, "
-                     f"speculative {number('spec_tokens_per_s_at_recommended_gamma', '.1f')} tok/s = "
-                     f"{number('speedup_vs_ar_at_recommended_gamma', '.2f')}x AR"
-                     f"{interval('speedup_vs_ar_at_recommended_gamma_interval')}")
+        lines.append(f"recommended gamma {summary['recommended_gamma']} (for this per-token acceptance and the "
+                     f"draft's step cost c = {number('draft_cost_ratio')} on this machine); there, on {speed_prompts}:")
+        lines.append(f"  speculative {number('spec_tokens_per_s_at_recommended_gamma', '.1f')} tok/s vs AR "
+                     f"{number('ar_tokens_per_s', '.1f')} tok/s = {number('speedup_vs_ar_at_recommended_gamma', '.2f')}x"
+                     f"{interval('speedup_vs_ar_at_recommended_gamma_interval')}, alpha "
+                     f"{number('alpha_at_recommended_gamma')}, mean accepted length "
+                     f"{number('mean_accepted_length_at_recommended_gamma', '.2f')}")
+    elif summary.get("speedup_vs_ar_after") is not None:
+        lines.append(f"speed at gamma {summary.get('eval_gamma', '?')}, on {speed_prompts}: speculative "
+                     f"{number('spec_tokens_per_s_after', '.1f')} tok/s vs AR {number('ar_tokens_per_s', '.1f')} tok/s = "
+                     f"{number('speedup_vs_ar_after', '.2f')}x{interval('speedup_vs_ar_after_interval')} "
+                     f"(recommended gamma: {summary.get('recommended_gamma')})")
     warning = not_worth_serving(summary)
     if warning:
         lines.append(f"NOT WORTH SERVING: {warning}")
