@@ -64,16 +64,18 @@ def test_debug_tiny_switches_to_the_tiny_pair(compose_train):
     assert cfg.pair.target.path == "tiny-random" and cfg.logger.mode == "disabled"
 
 
-def test_the_long_budget_answers_every_shipped_training_prompt_in_its_own_run_directory(compose_train):
+def test_the_long_budget_answers_every_shipped_prompt_at_length_in_its_own_run_directory(compose_train):
     from distill.data import load_domain_prompts
     from train.pipeline import run_directory
 
     default, long = compose_train(["+domain=code"]), compose_train(["+domain=code", "+budget=long"])
     validate(long)
     prompts = load_domain_prompts(long.domain)
-    assert long.generate.max_train_prompts == len(prompts.train) > default.generate.max_train_prompts
-    assert long.generate.max_validation_prompts == len(prompts.validation)
+    assert long.generate.max_train_prompts == len(prompts.train)
+    assert long.generate.max_validation_prompts == len(prompts.validation) > default.generate.max_validation_prompts
+    assert long.generate.max_new_tokens > default.generate.max_new_tokens
     assert long.method.epochs > default.method.epochs
+    assert long.pair.draft.derive_layers > default.pair.draft.derive_layers
     assert run_directory(long) != run_directory(default)
 
 
@@ -114,7 +116,7 @@ def test_only_settings_that_shape_the_draft_move_the_run_directory(compose_train
     for measuring_only in (["decode.gamma=5"], ["decode.dynamic_gamma=true"], ["eval.max_prompts=64"],
                            ["export.gguf=false"], ["logger=disabled"], ["stages=[eval]"]):
         assert run_directory(compose_train(["+domain=code", *measuring_only])) == base, measuring_only
-    for shaping in (["method.lr=0.01"], ["generate.max_train_prompts=10"], ["pair.draft.derive_layers=2"],
+    for shaping in (["method.lr=0.01"], ["generate.max_train_prompts=10"], ["pair.draft.derive_layers=4"],
                     ["decode.temperature=1.0"], ["seed=1"], ["+domain=math"]):
         overrides = shaping if shaping[0].startswith("+domain") else ["+domain=code", *shaping]
         assert run_directory(compose_train(overrides)) != base, shaping

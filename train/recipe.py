@@ -66,6 +66,14 @@ class KeptRowsHead(nn.Module):
         return F.linear(hidden, self.head.weight[self.kept_ids])
 
 
+def restore_full_head(causal_lm) -> nn.Module:
+    """Put a pruned draft's full output head back in place; returns the head that was there."""
+    head = causal_lm.get_output_embeddings()
+    if isinstance(head, KeptRowsHead):
+        causal_lm.set_output_embeddings(head.head)
+    return head
+
+
 class DistillationRecipe:
     def __init__(self, settings: MethodConfig, seed: int, draft, vocab_size: int, pad_token_id: int,
                  train_examples: list[Example], validation_examples: list[Example], checkpoint_dir: Path,
@@ -266,9 +274,7 @@ class DistillationRecipe:
         projects onto config.draft_vocab itself)."""
         draft = self.accelerator.unwrap_model(self.draft)
         causal_lm = base_causal_lm(draft)
-        head = causal_lm.get_output_embeddings()
-        if isinstance(head, KeptRowsHead):
-            causal_lm.set_output_embeddings(head.head)
+        head = restore_full_head(causal_lm)
         try:
             yield draft
         finally:
@@ -306,9 +312,7 @@ class DistillationRecipe:
     def trained_draft(self):
         """The trained model, unwrapped, with its full output head back in place."""
         draft = self.accelerator.unwrap_model(self.draft)
-        causal_lm = base_causal_lm(draft)
-        if isinstance(causal_lm.get_output_embeddings(), KeptRowsHead):
-            causal_lm.set_output_embeddings(causal_lm.get_output_embeddings().head)
+        restore_full_head(base_causal_lm(draft))
         return draft
 
     # ---- checkpoints ------------------------------------------------------------------------------
