@@ -32,6 +32,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import GenerationConfig
 
+from decode.cli import CONFIG_PATH, register_help
 from decode.config import DecodeConfig, PairConfig
 from decode.errors import ConfigError, SpecdraftError
 from decode.native import NativeLlamaRunner
@@ -271,7 +272,10 @@ def _ratio(row: dict, baseline: dict | None) -> str:
     return f"{row['tok_s'] / baseline['tok_s']:.2f}x" if baseline else "-"
 
 
-@hydra.main(config_path="../conf", config_name="bench", version_base=None)
+register_help("bench", __doc__)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="bench", version_base=None)
 def main(cfg: DictConfig) -> None:
     config: BenchConfig = OmegaConf.to_object(cfg)
     try:

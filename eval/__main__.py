@@ -17,6 +17,7 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
+from decode.cli import CONFIG_PATH, register_help
 from decode.config import DecodeConfig, PairConfig
 from decode.errors import SpecdraftError
 from eval.config import ReportConfig
@@ -37,8 +38,7 @@ class EvalReportCommand:
 ConfigStore.instance().store(name="eval_report_schema", node=EvalReportCommand)
 
 
-# an absolute path: the same whether run as `python -m eval` or imported (tests call main)
-@hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="eval", version_base=None)
+@hydra.main(config_path=CONFIG_PATH, config_name="eval", version_base=None)
 def main(cfg: DictConfig) -> None:
     config: EvalReportCommand = OmegaConf.to_object(cfg)
     try:

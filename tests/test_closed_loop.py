@@ -15,8 +15,9 @@ from decode.files import point_symlink
 from decode.models import ModelSpec
 from decode.pair import load_pair
 from decode.serving.gguf import write_gguf
-from eval.closed_loop import ClosedLoopCommand, LoopConfig, run_loop
-from eval.config import PromotionConfig, ReplayPhase
+from eval.harness.closed_loop import ClosedLoopCommand, LoopConfig, run_loop
+from eval.harness.replay import ReplayPhase
+from eval.monitor.config import PromotionConfig
 
 pytestmark = pytest.mark.serving
 TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
@@ -99,7 +100,7 @@ def test_the_readmes_closed_loop_and_serving_bench_commands_compose_into_their_s
     from omegaconf import OmegaConf
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    lines = readme.split("python -m eval.closed_loop ", 1)[1].split("```")[0].replace("\\\n", " ")
+    lines = readme.split("python -m eval.harness.closed_loop ", 1)[1].split("```")[0].replace("\\\n", " ")
     overrides = shlex.split(lines)
     conf = str(Path(__file__).resolve().parents[1] / "conf")
     with initialize_config_dir(config_dir=conf, version_base=None):

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 
 from decode.errors import ConfigError
-from eval.config import MetricsSource, MonitorConfig
-from eval.drift import HEALTHY, LOW, NO_DATA, iso_minute, spread
-from eval.monitor import EXIT_DRIFT, EXIT_ERROR, EXIT_HEALTHY, LOCK_FILE, STATE_FILE, run
-from eval.production import FAILED_SCRAPE, MALFORMED_LINE, parse_exposition
+from eval.monitor.config import MetricsSource, MonitorConfig
+from eval.monitor.drift import HEALTHY, LOW, NO_DATA, iso_minute, spread
+from eval.monitor.watch import EXIT_DRIFT, EXIT_ERROR, EXIT_HEALTHY, LOCK_FILE, STATE_FILE, run
+from eval.monitor.sources import FAILED_SCRAPE, MALFORMED_LINE, parse_exposition
 
 ROOT = Path(__file__).resolve().parents[1]
 HOUR = 3600

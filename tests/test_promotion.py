@@ -15,9 +15,9 @@ from decode.models import ModelSpec
 from decode.pair import load_pair
 from distill.config import DomainConfig
 from distill.data import load_domain_prompts, load_prompts
-from eval.config import MonitorConfig, PromotionConfig
-from eval.monitor import STATE_FILE, run
-from eval.promotion import GATE_PROMPTS, TRAIN_PROMPTS, decide, is_gate_prompt, promote, split_traffic
+from eval.monitor.config import MonitorConfig, PromotionConfig
+from eval.monitor.watch import STATE_FILE, run
+from eval.monitor.promotion import GATE_PROMPTS, TRAIN_PROMPTS, decide, is_gate_prompt, promote, split_traffic
 
 HOUR = 3600
 T0 = 1_699_999_200  # a window start

@@ -1,4 +1,4 @@
-"""python -m eval.replay: traffic through the speculative decoder, logged as the monitor reads it."""
+"""python -m eval.harness.replay: traffic through the speculative decoder, logged as the monitor reads it."""
 
 import json
 
@@ -9,9 +9,8 @@ from decode.errors import ConfigError
 from decode.models import ModelSpec
 from decode.pair import load_pair
 from distill.data import load_prompts
-from eval.config import ReplayConfig, ReplayPhase
-from eval.production import parse_request
-from eval.replay import replay, traffic
+from eval.monitor.sources import parse_request
+from eval.harness.replay import ReplayConfig, ReplayPhase, replay, traffic
 
 HOUR = 3600
 START = 1_700_000_000 - 1_700_000_000 % HOUR

@@ -25,9 +25,9 @@ from decode.serving.llama_cpp_build import cmake_args
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary, free_port
 from decode.serving.stage import engine_check, engine_warning
 from decode.tiny import tiny_llama, tiny_tokenizer
-from eval.config import MetricsSource, MonitorConfig
-from eval.monitor import run as run_monitor
-from eval.serving_bench import NO_DRAFT, UNTRAINED, ServingBenchConfig, run_bench, spec_counters
+from eval.monitor.config import MetricsSource, MonitorConfig
+from eval.monitor.watch import run as run_monitor
+from eval.harness.serving_bench import NO_DRAFT, UNTRAINED, ServingBenchConfig, run_bench, spec_counters
 
 TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
                   draft=ModelSpec(path=None, derive_layers=1, dtype="float32", device="cpu"))

@@ -7,6 +7,7 @@ import yaml
 from accelerate import Accelerator
 from omegaconf import DictConfig
 
+from decode.cli import CONFIG_PATH, register_help
 from decode.errors import SpecdraftError
 from decode.files import write_text
 from decode.models import resolve_device
@@ -17,7 +18,10 @@ from train.tracking import Tracker, scrub_secrets
 train_config.register()
 
 
-@hydra.main(config_path="../conf", config_name="train", version_base=None)
+register_help("train", __doc__)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
     try:
         config = train_config.load(cfg)

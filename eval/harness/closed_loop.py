@@ -1,4 +1,4 @@
-"""python -m eval.closed_loop promotion.current=CURRENT 'loop.phases=[{domain: code, windows: 3},
+"""python -m eval.harness.closed_loop promotion.current=CURRENT 'loop.phases=[{domain: code, windows: 3},
 {domain: translation, windows: 5}]' 'retrain_command=[...]' [key=value ...]
 
 The product's loop on a real serving engine. llama-server serves the target with the draft that `current` (a
@@ -30,18 +30,19 @@ import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from decode.cli import CONFIG_PATH, register_help
 from decode.errors import ConfigError, SpecdraftError
 from decode.files import point_symlink, write_json
 from decode.models import load_tokenizer, locate
 from decode.pair import encode_chat
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec
 from distill.config import DomainConfig
-from eval import monitor
-from eval.config import MonitorConfig, ReplayConfig, ReplayPhase
-from eval.production import parse_time
-from eval.promotion import check_current
-from eval.replay import traffic
-from eval.serving_bench import spec_counters
+from eval.monitor import watch as monitor
+from eval.monitor.config import MonitorConfig
+from eval.monitor.sources import parse_time
+from eval.monitor.promotion import check_current
+from eval.harness.replay import ReplayConfig, ReplayPhase, traffic
+from eval.harness.serving_bench import spec_counters
 
 log = logging.getLogger(__name__)
 
@@ -205,8 +206,10 @@ def format_windows(result: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-@hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="closed_loop",
-            version_base=None)
+register_help("closed_loop", __doc__)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="closed_loop", version_base=None)
 def main(cfg: DictConfig) -> None:
     config: ClosedLoopCommand = OmegaConf.to_object(cfg)
     output_dir = Path(config.loop.output_dir)

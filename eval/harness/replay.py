@@ -1,4 +1,4 @@
-"""python -m eval.replay pair.draft.path=DRAFT 'replay.phases=[{domain: code, windows: 3}, {domain: translation,
+"""python -m eval.harness.replay pair.draft.path=DRAFT 'replay.phases=[{domain: code, windows: 3}, {domain: translation,
 windows: 4}]' [key=value ...]
 
 Production traffic, replayed: each phase sends `requests_per_window` prompts of its domain in each of its windows,
@@ -14,19 +14,41 @@ import json
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import List, Optional
 
 import hydra
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from decode.cli import CONFIG_PATH, register_help
 from decode.config import DecodeConfig, PairConfig
 from decode.errors import ConfigError, SpecdraftError
 from decode.pair import ModelPair, load_pair
 from distill.config import DomainConfig
-from eval.config import ReplayConfig, ReportConfig
-from eval.production import parse_time
+from eval.config import ReportConfig
+from eval.monitor.sources import parse_time
 from eval.report import prompts_by_domain
+
+
+@dataclass
+class ReplayPhase:
+    domain: str = "code"
+    windows: int = 1  # consecutive windows of this domain's traffic
+
+
+@dataclass
+class ReplayConfig:
+    """python -m eval.harness.replay: traffic decoded by the pair's speculative decoder, logged as production requests."""
+
+    phases: List[ReplayPhase] = field(default_factory=list)  # one after another
+    requests_per_window: int = 2
+    window_s: int = 3600
+    start: str = "2026-01-01T00:00:00Z"  # the first window's start (ISO-8601 or unix seconds)
+    prompts: Optional[str] = None  # a JSONL of {"domain", "prompt"} lines; None: the shipped held-out prompts
+    skip_prompts: int = 0  # per domain, from the start: prompts an earlier replay already sent
+    max_new_tokens: int = 48
+    output: str = "requests.jsonl"  # appended to
 
 
 @dataclass
@@ -81,7 +103,10 @@ def replay(pair: ModelPair, decode: DecodeConfig, settings: ReplayConfig, seed: 
     return lines
 
 
-@hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="replay", version_base=None)
+register_help("replay", __doc__)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="replay", version_base=None)
 def main(cfg: DictConfig) -> None:
     config: ReplayCommand = OmegaConf.to_object(cfg)
     try:

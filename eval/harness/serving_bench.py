@@ -1,4 +1,4 @@
-"""python -m eval.serving_bench serving.drafts=[DRAFT,...] [serving.domains=[code,translation]] [key=value ...]
+"""python -m eval.harness.serving_bench serving.drafts=[DRAFT,...] [serving.domains=[code,translation]] [key=value ...]
 
 The drafts served by llama-server next to the target, side by side in one run: for each domain's held-out
 prompts, the target alone, the untrained draft (pair.draft.derive_layers of the target) and each given draft.
@@ -32,6 +32,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
+from decode.cli import CONFIG_PATH, register_help
 from decode.config import PairConfig
 from decode.errors import ConfigError, SpecdraftError
 from decode.files import write_json, write_text
@@ -45,7 +46,7 @@ from decode.speculative import GammaPolicy
 from decode.serving.llama_server import Completion, LlamaServer, ServerSpec, find_binary
 from distill.config import DomainConfig
 from eval.config import ReportConfig
-from eval.production import Problems, counter_readings, parse_exposition
+from eval.monitor.sources import Problems, counter_readings, parse_exposition
 from eval.report import prompts_by_domain
 
 log = logging.getLogger(__name__)
@@ -244,7 +245,10 @@ def _figure(value, suffix: str = "") -> str:
     return "-" if value is None or value != value else f"{value:.3f}{suffix}"
 
 
-@hydra.main(config_path=str(Path(__file__).resolve().parents[1] / "conf"), config_name="serving_bench",
+register_help("serving_bench", __doc__)
+
+
+@hydra.main(config_path=CONFIG_PATH, config_name="serving_bench",
             version_base=None)
 def main(cfg: DictConfig) -> None:
     config: ServingBenchCommand = OmegaConf.to_object(cfg)

@@ -64,8 +64,10 @@ SIMILAR = 0.7                 # reported: evaluation prompts this close to their
 MIN_CHARS = 20
 MAX_CHARS = 600
 DOMAINS = ("code", "math", "translation", "chat", "summarization")
-OUT_DIR = os.path.dirname(os.path.abspath(__file__))
-SOURCES_DIR = os.path.join(OUT_DIR, "sources")
+HERE = os.path.dirname(os.path.abspath(__file__))
+SOURCES_DIR = os.path.join(HERE, "sources")
+# the shipped sets are package data of `distill`
+OUT_DIR = os.path.join(HERE, "..", "..", "distill", "prompts")
 
 
 def load_source(name: str) -> dict:

@@ -18,8 +18,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
-from eval.config import MetricsSource, MonitorConfig
-from eval.drift import Counts, Observation
+from eval.monitor.config import MetricsSource, MonitorConfig
+from eval.monitor.drift import Counts, Observation
 
 MALFORMED_LINE = "malformed log line"
 UNREAD_LOG = "unread request log"

@@ -20,7 +20,8 @@ from typing import Callable, Optional
 
 from decode.errors import ConfigError
 from decode.files import point_symlink, write_text
-from eval.config import MonitorConfig, PromotionConfig, ReportConfig
+from eval.config import ReportConfig
+from eval.monitor.config import MonitorConfig, PromotionConfig
 
 log = logging.getLogger("eval.monitor")
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Optional
 
-from eval.config import MonitorConfig
+from eval.monitor.config import MonitorConfig
 
 LOW, HEALTHY, NO_DATA = "low", "healthy", "no data"
 

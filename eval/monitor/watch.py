@@ -1,18 +1,5 @@
-"""python -m eval.monitor [key=value ...]: speculative-decoding acceptance in production, per domain, and when a
-domain's draft needs retraining. Meant for cron or a Kubernetes CronJob, run at least once per window.
-
-Each run reads what its sources gave since the last run (request logs; Prometheus metrics of vLLM, SGLang or
-llama-server), adds it to each domain's windows, judges the windows that are complete, and raises an alert
-after `alert_after` consecutive low windows (eval/drift.py). An alert may run `retrain_command`, which runs to
-its end within the run. The state lives in `state_dir` (state.json); a second monitor started while one
-runs there does nothing.
-
-Exit codes:
-  0  healthy, or no data (and a monitor that found another one running)
-  1  drift: an alert was raised this run
-  2  an error in the monitor's configuration or input: no source configured, an unreadable state, an
-     override Hydra cannot apply
-"""
+"""One monitor run: read what the sources gave since the last run, judge the complete windows, alert on drift,
+retrain, gate and promote (the command and its help: eval/monitor/__main__.py)."""
 
 from __future__ import annotations
 
@@ -29,27 +16,20 @@ from pathlib import Path
 from typing import Callable, Iterator, Optional
 from urllib.parse import urlsplit
 
-import hydra
-from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
-
 from decode.errors import ConfigError, SpecdraftError
 from decode.files import remove_stale_staging, write_json
-from eval.config import MonitorConfig
-from eval.drift import (LOW, NO_DATA, Alert, Counts, DomainState, LowWindow, Observation, Retrain, WindowResult,
+from eval.monitor.config import MonitorConfig
+from eval.monitor.drift import (LOW, NO_DATA, Alert, Counts, DomainState, LowWindow, Observation, Retrain, WindowResult,
                         add_observation, iso_minute, judge, take_complete_windows, track, window_of)
-from eval.promotion import (GATE_PROMPTS, TRAIN_PROMPTS, GateResult, check_current, promote, run_gate, served_draft,
+from eval.monitor.promotion import (GATE_PROMPTS, TRAIN_PROMPTS, GateResult, check_current, promote, run_gate, served_draft,
                             split_traffic, write_traffic)
-from eval.production import (CounterReading, LogPosition, Problems, is_domain_name, parse_time, read_metrics,
+from eval.monitor.sources import (CounterReading, LogPosition, Problems, is_domain_name, parse_time, read_metrics,
                              read_request_logs)
 
 EXIT_HEALTHY, EXIT_DRIFT, EXIT_ERROR = 0, 1, ConfigError.exit_code
 STATE_FILE, LOCK_FILE, STATE_VERSION = "state.json", "monitor.lock", 1
 
 log = logging.getLogger("eval.monitor")  # by name: run with -m, __name__ is "__main__"
-
-ConfigStore.instance().store(name="monitor_schema", node=MonitorConfig)
-
 
 @dataclass
 class MonitorState:
@@ -364,30 +344,3 @@ def domain_state_from_json(data: dict) -> DomainState:
                       retrain=Retrain(**alert["retrain"]))
     return DomainState(pending={int(start): Counts(**counts) for start, counts in data["pending"].items()},
                        low_run=[LowWindow(**window) for window in data["low_run"]], alert=alert)
-
-
-_exit_code = EXIT_HEALTHY  # set by main, read by cli: Hydra's own failures exit 1 too
-
-
-@hydra.main(config_path="../conf", config_name="monitor", version_base=None)
-def main(cfg: DictConfig) -> None:
-    global _exit_code
-    try:
-        _exit_code = run(OmegaConf.to_object(cfg)).exit_code
-    except SpecdraftError as error:
-        print(f"error: {error}", file=sys.stderr)
-        _exit_code = error.exit_code
-
-
-def cli() -> int:
-    """Run main; -> its exit code. Hydra exits 1 on an override it cannot apply (and on a crash), which would
-    read as drift here: that is 2. After --help it exits 0."""
-    try:
-        main()
-    except SystemExit as stop:
-        return EXIT_ERROR if stop.code else EXIT_HEALTHY
-    return _exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(cli())

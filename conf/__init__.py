@@ -1,0 +1,1 @@
+"""The Hydra configurations of every command, shipped inside the package (`pkg://conf`)."""

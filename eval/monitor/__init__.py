@@ -1,0 +1,1 @@
+"""Production monitoring: acceptance windows per domain, drift alerts, retraining, the promotion gate."""

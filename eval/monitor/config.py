@@ -1,0 +1,60 @@
+"""Typed settings of the monitor: its sources, windows, retraining and the promotion gate."""
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+from hydra.core.config_store import ConfigStore
+
+from decode.config import DecodeConfig, PairConfig
+
+
+@dataclass
+class MetricsSource:
+    """One serving engine's Prometheus metrics: scraped from `url`, or read from a saved scrape in `file`."""
+
+    url: Optional[str] = None
+    file: Optional[str] = None
+    domain: Optional[str] = None  # every series here is this domain (llama-server serves one model); None: by label
+
+
+@dataclass
+class PromotionConfig:
+    """A retrained draft (the challenger) against the one serving (the champion) on recent traffic, and its
+    promotion to serving. The target and the decoding settings are the monitor's `pair` and `decode`."""
+
+    current: Optional[str] = None  # a symlink to the export serving now; None: retrained drafts are not gated
+    min_gain: float = 0.02  # the challenger's alpha on the drifted domain must beat the champion's by this
+    margin: float = 0.05  # and no other domain's alpha may drop by more than this
+    gate_fraction: float = 0.25  # of the drifted domain's recent prompts: gate on these, train on the rest
+    max_gate_prompts: int = 32  # per domain, the latest
+    min_gate_prompts: int = 4  # fewer on the drifted domain: no decision, nothing promoted
+    max_new_tokens: int = 48
+    reload_command: List[str] = field(default_factory=list)  # run once `current` moved; "{current}" substituted
+
+
+@dataclass
+class MonitorConfig:
+    """python -m eval.monitor: acceptance in production per domain, and when a domain's draft needs retraining."""
+
+    state_dir: str = "outputs/monitor"  # state.json, the lock, the log, the retrains' logs
+    request_logs: List[str] = field(default_factory=list)  # JSONL files or glob patterns, one request a line
+    metrics: List[MetricsSource] = field(default_factory=list)
+    domain_label: str = "model_name"  # the label whose value names a series' domain through `domains`
+    domains: Dict[str, str] = field(default_factory=dict)  # label value -> domain
+    scrape_timeout_s: float = 10.0
+    window_s: int = 3600  # windows aligned to the epoch
+    min_drafted: int = 200  # a window with fewer drafted tokens has no data
+    threshold: float = 0.5  # a window with alpha below it is low
+    alert_after: int = 3  # consecutive low windows
+    # run on an alert; "{domain}", "{prompts}" (a JSONL of its recent prompts) and "{run_dir}" substituted; []: none
+    retrain_command: List[str] = field(default_factory=list)
+    recent_prompts: int = 400  # the latest prompts kept per domain, to retrain and gate on
+    now: Optional[str] = None  # ISO-8601 or unix seconds; None: the wall clock
+    promotion: PromotionConfig = field(default_factory=PromotionConfig)
+    pair: PairConfig = field(default_factory=PairConfig)  # the target the gate decodes with (its draft is unused)
+    decode: DecodeConfig = field(default_factory=DecodeConfig)
+    seed: int = 0
+
+
+def register() -> None:
+    ConfigStore.instance().store(name="monitor_schema", node=MonitorConfig)
