@@ -9,19 +9,22 @@ from __future__ import annotations
 
 import sys
 
-from hydra.core.config_store import ConfigStore
+from omegaconf import OmegaConf
 
 from decode.errors import SpecdraftError
 
 CONFIG_PATH = "pkg://conf"
 
 
+_HELP: dict[str, str] = {}
+
+
 def register_help(name: str, doc: str) -> None:
-    """`--help` of the command whose primary config selects `override hydra/help: <name>`: `doc`, then its config."""
-    template = (doc.strip() + "\n\n== Configuration (override any key: key=value) ==\n\n$CONFIG\n").replace("$", "$$")
-    template = template.replace("$$CONFIG", "$CONFIG")
-    ConfigStore.instance().store(group="hydra/help", name=name,
-                                 node={"app_name": name, "header": "", "footer": "", "template": template})
+    """`--help` of command `name`: `doc`, then the composed configuration. Its primary config's
+    `hydra.help.template` is `${specdraft_help:<name>}`, resolved only when --help asks for it."""
+    _HELP[name] = (doc.strip().replace("$", "$$") + "\n\n== Configuration (override any key: key=value) ==\n\n$CONFIG\n")
+    if not OmegaConf.has_resolver("specdraft_help"):
+        OmegaConf.register_new_resolver("specdraft_help", lambda command: _HELP[command])
 
 
 def fail(error: SpecdraftError) -> None:

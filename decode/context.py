@@ -1,14 +1,14 @@
-"""What the stages of one run share, handed from stage to stage instead of one stage's attributes."""
+"""What the stages of one run share: the run directory, the pair, the device and the tracker. What each stage
+produced is in its record (decode/results.py)."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from decode.errors import ConfigError
-from decode.models import ModelSpec
+from decode.models import ModelSpec, content_fingerprint
 from decode.pair import ModelPair
 
 
@@ -20,13 +20,6 @@ class RunContext:
     accelerator: Any  # accelerate.Accelerator: the device and, under `accelerate launch`, the process group
     tracker: Any  # logs metrics, the summary and model artifacts (train.tracking.Tracker)
     seed: int = 0
-    known: dict = field(default_factory=dict)  # figures of the stages run so far, by this command or earlier ones
-
-    @classmethod
-    def with_previous_summary(cls, run_dir: Path, **values) -> "RunContext":
-        previous = run_dir / "summary.json"
-        known = json.loads(previous.read_text()) if previous.is_file() else {}
-        return cls(run_dir=run_dir, known=known, **values)
 
     @property
     def draft_dir(self) -> Path:
@@ -46,3 +39,8 @@ class RunContext:
             raise ConfigError(f"no trained draft in {self.draft_dir}; run the train stage first "
                               f"(stages=[generate,train,...])")
         return ModelSpec(path=str(self.draft_dir), dtype=self.target_spec.dtype, device=self.device)
+
+    def draft_fingerprint(self) -> str:
+        """The identity of the trained draft on disk: what the records of later stages are tied to."""
+        self.trained_draft_spec()
+        return content_fingerprint(self.draft_dir)

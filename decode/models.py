@@ -18,6 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Optional
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -37,8 +38,9 @@ BACKENDS = ("auto", "native", "transformers")
 class ModelSpec:
     path: str | None = None
     gguf_file: str | None = None  # for a directory or hub repo that holds GGUF files
-    dtype: str = "auto"  # auto: float32 on CPU, bfloat16 on CUDA (float16 where bf16 is unsupported)
-    device: str = "auto"
+    # auto: float32 on CPU, bfloat16 on CUDA (float16 where bf16 is unsupported); None (a draft): the target's
+    dtype: Optional[str] = "auto"
+    device: Optional[str] = "auto"  # auto: CUDA when available; None (a draft): the target's
     derive_layers: int | None = None  # draft only: take the target's first N layers instead of a path
     fresh: dict | None = None  # draft only: a new model, the target's config with these changes
     backend: str = "auto"  # auto: native for Llama-family models, transformers otherwise

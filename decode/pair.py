@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -136,6 +136,9 @@ def check_pair(target, draft, target_tok, draft_tok, check_chat_template: bool =
 
 def load_draft(target, target_tokenizer, spec: ModelSpec) -> tuple[torch.nn.Module, object]:
     """-> (draft, its tokenizer): a model at spec.path, else a fresh or derived draft over the target's tokenizer."""
+    parameter = next(target.parameters())  # a draft without its own dtype or device takes the target's
+    spec = replace(spec, dtype=spec.dtype or str(parameter.dtype).removeprefix("torch."),
+                   device=spec.device or str(parameter.device))
     if spec.path:  # a path wins over derive_layers, so pair.draft.path=... alone switches drafts
         return load_model(spec), load_tokenizer(spec)
     if spec.fresh:

@@ -71,9 +71,9 @@ class GammaPolicy:
     a round the budgets shortened below gamma leaves it as it is.
     """
 
-    gamma: int = 5
+    gamma: int = 3
     dynamic: bool = False
-    min_gamma: int = 3
+    min_gamma: int = 2
     max_gamma: int = 8
 
     def __post_init__(self):

@@ -26,18 +26,25 @@ class DomainConfig:
 class GenerateConfig:
     """The target's answers: the training data, sampled as the target will be served."""
 
-    max_train_prompts: int = 192
+    # many short answers: more prompts teach more than long answers, for the same tokens (BENCHMARKS.md)
+    max_train_prompts: int = 400
     max_validation_prompts: int = 24  # the training-time metric; never the eval prompts
-    max_new_tokens: int = 128
+    max_new_tokens: int = 64
     batch_size: int = 32
     top_k_logprobs: int = 64  # the target's distribution kept per answer token: its k most likely tokens
     autocast: str = "auto"  # bf16 autocast of the target's forwards: auto (CPU: only where measured faster) | bf16 | off
-    temperature: float = 0.7
-    top_k: int = 0
-    top_p: float = 0.9
+    # None: as `decode` samples, so that the answers are the target's as it will be served
+    temperature: Optional[float] = None
+    top_k: Optional[int] = None
+    top_p: Optional[float] = None
 
-    def sampling(self) -> SamplingParams:
+    def sampling(self, decode) -> SamplingParams:
+        """The answers' sampling: these settings where set, the decode settings (a DecodeConfig) elsewhere."""
+        def chosen(name):
+            value = getattr(self, name)
+            return getattr(decode, name) if value is None else value
+
         try:
-            return SamplingParams(temperature=self.temperature, top_k=self.top_k, top_p=self.top_p)
+            return SamplingParams(temperature=chosen("temperature"), top_k=chosen("top_k"), top_p=chosen("top_p"))
         except ValueError as error:
             raise ConfigError(f"generate: {error}") from None

@@ -10,10 +10,12 @@ import logging
 
 import datasets
 
+from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.errors import ConfigError
 from decode.models import model_fingerprint
 from distill.config import DomainConfig, GenerateConfig
+from decode.results import GenerateResult
 from distill.data import DomainPrompts
 from distill.generate import cache_key, dataset_directory, generate_dataset, generation_precision, load_cached_dataset
 
@@ -26,22 +28,22 @@ def training_prompts(prompts: DomainPrompts, settings: GenerateConfig) -> dict:
             "validation": prompts.validation[: settings.max_validation_prompts]}
 
 
-def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConfig, prompts: DomainPrompts,
-                   create: bool, autocast: str = "auto") -> tuple[dict[str, datasets.Dataset], dict]:
-    """-> ({"train": answers, "validation": answers}, summary entries); generated when `create`, else looked up.
+def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConfig, decode: DecodeConfig,
+                   prompts: DomainPrompts, create: bool) -> tuple[dict[str, datasets.Dataset], GenerateResult]:
+    """-> ({"train": answers, "validation": answers}, the record); generated when `create`, else looked up.
 
-    autocast (auto | bf16 | off): the precision of the target's forwards, decided once, when answers are missing.
+    The target's forwards run in the precision generate.autocast asks for, decided once, when answers are missing.
     """
-    sampling = settings.sampling()
+    sampling = settings.sampling(decode)
     fingerprint = model_fingerprint(ctx.target_spec)
-    found, summary, precision = {}, {}, None
+    found, where, precision = {}, {}, None
     for split, split_prompts in training_prompts(prompts, settings).items():
         name = f"{domain.name}-{split}"
         key = cache_key(fingerprint, name, split_prompts, sampling, settings.max_new_tokens, ctx.seed,
                         domain.system_prompt, settings.top_k_logprobs)
         directory, dataset = dataset_directory(name, key), load_cached_dataset(name, key)
         if dataset is None and create:
-            precision = precision or generation_precision(ctx.pair.target_runner(), autocast, settings.batch_size)
+            precision = precision or generation_precision(ctx.pair.target_runner(), settings.autocast, settings.batch_size)
             dataset, directory, _ = generate_dataset(
                 ctx.pair, split_prompts, name, fingerprint, sampling, settings.max_new_tokens, settings.batch_size,
                 ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator, precision)
@@ -50,9 +52,8 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
         if dataset is None:
             raise ConfigError(f"no generated answers for these settings ({directory}); "
                               f"run the generate stage first, e.g. stages=[generate,train]")
-        found[split] = dataset
-        summary[f"{split}_data"] = str(directory)
-        summary[f"{split}_answers"] = len(dataset)
-    if precision:
-        summary.update(precision.summary("generate_"))
-    return found, summary
+        found[split], where[split] = dataset, str(directory)
+    return found, GenerateResult(train_data=where["train"], validation_data=where["validation"],
+                                 train_answers=len(found["train"]), validation_answers=len(found["validation"]),
+                                 autocast=precision.name if precision else None,
+                                 autocast_speedup=precision.speedup if precision else None)

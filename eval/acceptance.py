@@ -1,8 +1,19 @@
-"""Acceptance of a draft measured inside the real speculative decoder, with its speed against AR."""
+"""The one measurement path: drafts decoded inside the speculative decoder, counts turned into figures.
+
+Both the eval stage and the per-domain report decode through `decode_batches` and summarise through `figures`,
+so they compute the same figures under the same names. Rates come from summed counts: alpha = accepted /
+drafted, per-token acceptance = accepted / tested. 95% intervals come from a bootstrap over prompts (over
+batches for the speedup: prompts at batch size 1). The speedup is measured against our AR decoded on the
+same batches, interleaved, and compared with the speedup predicted from the measured step costs (c, v) and
+acceptance: a measured speedup above its prediction, or a verify that costs less than one AR step, means the
+AR baseline is off, and the figures say so instead of recommending the draft.
+"""
 
 from __future__ import annotations
 
-from typing import Callable
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Optional
 
 import numpy as np
 from tqdm.auto import tqdm
@@ -10,39 +21,99 @@ from tqdm.auto import tqdm
 from decode.metrics import DecodeMetrics
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy, SpeculativeDecoder
+from decode.step_costs import StepCosts
 
 BOOTSTRAP_SAMPLES = 1000  # resamples behind each 95% interval
 INTERVAL_LEVEL = 0.95
+MIN_VERIFY_COST = 0.95  # v(gamma) below this: a verify of gamma + 1 tokens ran faster than one AR step
 
 
-def measure_acceptance(decoder: SpeculativeDecoder, prompt_ids: list[list[int]], sampling: SamplingParams,
-                       policy: GammaPolicy, max_new_tokens: int, batch_size: int, seed: int = 0,
-                       compare_ar: bool = True, description: str = "eval") -> dict:
-    """Speculative decoding over the prompts (and AR on the same batches, interleaved, for the speed ratio).
+@dataclass
+class Decodes:
+    """The decodes of one set of prompts: a DecodeMetrics per batch, for AR and for each draft (same batches)."""
 
-    Rates are computed from summed counts: alpha = accepted / drafted, per-token acceptance = accepted /
-    tested; their 95% intervals come from a bootstrap over the prompts, the speed ratio's over the batches.
-    """
-    speculative_batches, autoregressive_batches = [], []
+    ar: list[DecodeMetrics] = field(default_factory=list)
+    by_draft: dict[str, list[DecodeMetrics]] = field(default_factory=dict)
+
+
+def decode_batches(decoders: dict[str, SpeculativeDecoder], prompt_ids: list[list[int]], sampling: SamplingParams,
+                   policy: GammaPolicy, max_new_tokens: int, batch_size: int, seed: int = 0, compare_ar: bool = True,
+                   description: str = "eval") -> Decodes:
+    """Each batch through every draft's decoder, then (compare_ar) AR; the same seed per batch for all of them,
+    so that the drafts and AR see the same prompts under the same load."""
+    decodes = Decodes(by_draft={label: [] for label in decoders})
     batches = [prompt_ids[at: at + batch_size] for at in range(0, len(prompt_ids), batch_size)]
     for index, batch in enumerate(tqdm(batches, desc=description, unit="batch")):
-        speculative_batches.append(decoder.generate(batch, max_new_tokens, sampling, policy, seed=seed + index).metrics)
-        if compare_ar:
-            autoregressive_batches.append(decoder.generate(batch, max_new_tokens, sampling, seed=seed + index).metrics)
-    speculative = sum(speculative_batches, DecodeMetrics())
-    autoregressive = sum(autoregressive_batches, DecodeMetrics())
-    intervals = acceptance_intervals(speculative_batches, autoregressive_batches, BOOTSTRAP_SAMPLES, seed)
-    report = {"alpha": speculative.alpha, "token_acceptance": speculative.token_acceptance,
-              "mean_accepted_length": speculative.mean_accepted_length,
-              "tokens_per_s": speculative.tokens_per_s,
-              "acceptance_by_position": speculative.acceptance_by_position(),
-              "alpha_interval": intervals["alpha_interval"],
-              "token_acceptance_interval": intervals["token_acceptance_interval"], "counts": speculative.to_dict()}
-    if compare_ar:
-        report.update(ar_tokens_per_s=autoregressive.tokens_per_s,
-                      speedup_vs_ar=speculative.tokens_per_s / autoregressive.tokens_per_s,
+        for label, decoder in decoders.items():
+            generation = decoder.generate(batch, max_new_tokens, sampling, policy, seed=seed + index)
+            decodes.by_draft[label].append(generation.metrics)
+        if compare_ar:  # AR runs the target alone: any draft's decoder will do
+            ar = next(iter(decoders.values())).generate(batch, max_new_tokens, sampling, seed=seed + index)
+            decodes.ar.append(ar.metrics)
+    return decodes
+
+
+def finite(value: Optional[float]) -> Optional[float]:
+    """JSON has no NaN: a rate with nothing to divide by is None."""
+    return None if value is None or math.isnan(value) else value
+
+
+def figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], gamma: int, step_costs: Optional[StepCosts],
+            min_gamma: int = 1, max_gamma: int = 8, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
+    """One draft on a set of batches at one gamma: summed counts first (so that figures merge), then the rates,
+    the measured and predicted speedup, the recommended gamma, and `flags`: what makes the speedup untrustworthy."""
+    total = sum(spec, DecodeMetrics())
+    acceptance = finite(total.token_acceptance)
+    intervals = acceptance_intervals(spec, ar, samples, seed)
+    result = {
+        "prompts": total.sequences, "tokens": total.tokens, "drafted": total.drafted, "accepted": total.accepted,
+        "rejected": total.rejected, "gamma": gamma,
+        "alpha": finite(total.alpha), "alpha_interval": intervals["alpha_interval"],
+        "token_acceptance": acceptance, "token_acceptance_interval": intervals["token_acceptance_interval"],
+        "mean_accepted_length": finite(total.mean_accepted_length),
+        "acceptance_by_position": [finite(rate) for rate in total.acceptance_by_position()],
+        "tokens_per_s": finite(total.tokens_per_s),
+        "ar_tokens_per_s": None, "speedup": None, "speedup_interval": None,
+        "c": None, "v": None, "predicted_speedup": None, "recommended_gamma": None, "flags": [],
+        "counts": asdict(total), "ar_counts": None,
+    }
+    if ar:
+        ar_total = sum(ar, DecodeMetrics())
+        result.update(ar_tokens_per_s=finite(ar_total.tokens_per_s), ar_counts=asdict(ar_total),
+                      speedup=finite(total.tokens_per_s / ar_total.tokens_per_s),
                       speedup_interval=intervals["speedup_interval"])
-    return report
+    if step_costs is not None and acceptance is not None:
+        result.update(c=step_costs.c, v=step_costs.v(gamma),
+                      predicted_speedup=step_costs.predicted_speedup(acceptance, gamma),
+                      recommended_gamma=recommended_gamma(acceptance, step_costs, min_gamma, max_gamma))
+        result["flags"] = baseline_flags(result)
+    return result
+
+
+def baseline_flags(result: dict) -> list[str]:
+    """Why the measured speedup cannot be taken at face value: the AR step is slower than a verify of
+    gamma + 1 tokens, or the measured speedup exceeds the prediction from c, v and acceptance by more than its
+    interval (the baseline is handicapped); or it falls short of it (overhead outside the model steps)."""
+    flags = []
+    gamma, v = result["gamma"], result["v"]
+    if v < MIN_VERIFY_COST:
+        flags.append(f"a verify of {gamma + 1} tokens cost {v:.2f} of one AR step: the AR baseline is slow on "
+                     f"this machine, so the speedup over it is inflated")
+    interval, predicted = result["speedup_interval"], result["predicted_speedup"]
+    if interval is not None and interval[0] > predicted:
+        flags.append(f"the measured speedup {result['speedup']:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}] exceeds "
+                     f"the {predicted:.2f}x predicted from c = {result['c']:.3f}, v({gamma}) = {v:.2f} and per-token "
+                     f"acceptance {result['token_acceptance']:.3f}: something in the AR baseline is off")
+    elif interval is not None and interval[1] < predicted:
+        flags.append(f"the measured speedup {result['speedup']:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}] falls "
+                     f"short of the {predicted:.2f}x predicted from the step costs: time outside the model steps "
+                     f"(sampling, bookkeeping) costs more per round than per AR step")
+    return flags
+
+
+def baseline_is_off(result: dict) -> bool:
+    """Whether a flag says the speedup over AR is inflated (not merely short of its prediction)."""
+    return any("inflated" in flag or "is off" in flag for flag in result.get("flags", []))
 
 
 def acceptance_intervals(speculative: list[DecodeMetrics], autoregressive: list[DecodeMetrics] | None,
@@ -95,33 +166,19 @@ def ratio_of_rates(sums: np.ndarray) -> np.ndarray:
     return (sums[:, 0] / sums[:, 1]) / (sums[:, 2] / sums[:, 3])
 
 
-
-
 def expected_tokens_per_round(token_acceptance: float, gamma: int) -> float:
     """1 + a + ... + a^gamma: tokens a round yields when each drafted token is accepted with probability a."""
     return sum(token_acceptance ** i for i in range(gamma + 1))
 
 
-def draft_cost_ratio(counts: dict) -> float:
-    """c: the draft's time per drafted token over the rest of a round per row-round (target verify and
-    everything else), as measured; both prefills are left out. nan when nothing was drafted (every answer
-    ended at its first token)."""
-    if not counts["rounds"] or not counts["drafted"]:
-        return float("nan")
-    draft_step_s = counts["draft_s"] / counts["drafted"]
-    round_rest_s = (counts["verify_s"] + counts["other_s"]) / counts["rounds"]
-    return draft_step_s / round_rest_s
-
-
-def recommended_gamma(token_acceptance: float, cost_ratio: float, *, min_gamma: int = 1, max_gamma: int = 8) -> int:
-    """The gamma in [min_gamma, max_gamma] with the most expected tokens per unit of time:
-    argmax (1 + a + ... + a^g) / (1 + g c).
-
-    This is the improvement factor of Leviathan et al. (2023) with c measured on the machine at hand. With
-    a cheap draft (c = 0.05) it is close to the seed's rule of thumb (3 at a = 0.45, 4 at 0.6, 8 at 0.8); an
-    expensive draft with a modest acceptance is best run with a short gamma.
-    """
+def recommended_gamma(token_acceptance: float, step_costs: StepCosts, min_gamma: int = 1, max_gamma: int = 8) -> int:
+    """The gamma in [min_gamma, max_gamma] (and measured) with the most expected tokens per unit of time:
+    argmax (1 + a + ... + a^g) / (g c + v(g)), with the draft's step cost c and the verify cost v(g) measured
+    on the machine at hand (Leviathan et al. 2023, with v(g) = 1 there). An expensive draft with a modest
+    acceptance is best run with a short gamma."""
     if not 1 <= min_gamma <= max_gamma:
         raise ValueError(f"need 1 <= min_gamma <= max_gamma, got {min_gamma} and {max_gamma}")
-    return max(range(min_gamma, max_gamma + 1),
-               key=lambda gamma: expected_tokens_per_round(token_acceptance, gamma) / (1 + gamma * cost_ratio))
+    measured = [gamma for gamma in range(min_gamma, max_gamma + 1) if gamma in step_costs.verify_s]
+    if not measured:
+        raise ValueError(f"the step costs hold no verify cost for gamma {min_gamma}..{max_gamma}")
+    return max(measured, key=lambda gamma: step_costs.predicted_speedup(token_acceptance, gamma))

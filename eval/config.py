@@ -26,4 +26,9 @@ class ReportConfig:
     batch_size: int = 1  # the speedup's interval resamples batches: prompts at batch size 1
     compare_ar: bool = True  # also decode each batch autoregressively, for the speedup
     bootstrap_samples: int = 1000  # resamples behind each 95% interval (0: no intervals)
+    step_costs: bool = True  # time each draft's step costs (c, v): the predicted speedup, the recommended gamma
+    # the other AR engines measured on each domain's first baseline_prompts prompts: hf_generate, llama_cpp
+    # (llama-server serving the target alone, when installed and the target is a GGUF); []: ours only
+    baselines: List[str] = field(default_factory=lambda: ["hf_generate", "llama_cpp"])
+    baseline_prompts: int = 8
     output_dir: Optional[str] = None  # None: Hydra's run directory, outputs/eval/<time>

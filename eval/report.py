@@ -1,9 +1,12 @@
 """Drafts measured against their target inside the speculative decoder, domain by domain: the report.
 
-Every figure comes from summed counts (alpha = sum accepted / sum drafted), per domain and pooled over the
-domains. AR is decoded on the same batches, interleaved with the drafts, once per domain and shared by all
-drafts, so that speedups compare like with like. The 95% intervals come from a bootstrap over the batches
-(prompts, at batch size 1): resample them with replacement, recompute the ratio of sums.
+The measurement is eval/acceptance.py's, as in the eval stage: every figure comes from summed counts, per
+domain and pooled over the domains; our AR is decoded on the same batches, interleaved with the drafts, once
+per domain and shared by all drafts. Each draft's step costs (c, v) are timed once, and the speedup they
+predict stands next to the measured one; a domain whose measured speedup the prediction cannot explain is
+flagged, not recommended. The strongest AR on the machine (ours, transformers generate, llama.cpp where it is
+installed) is measured on the first prompts of each domain (eval/baselines.py), and the speed against it is
+reported too: a draft that beats our AR may still lose to another engine's.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ from decode.files import published, write_json, write_text
 from decode.metrics import DecodeMetrics
 from decode.models import ModelSpec
 from decode.pair import ModelPair, check_pair, load_draft, load_pair
-from distill.config import DomainConfig
 from distill.data import load_domain_prompts, read_prompts_by_domain, shipped_domains
-from eval.acceptance import acceptance_intervals, draft_cost_ratio, expected_tokens_per_round, recommended_gamma
+from decode.step_costs import StepCosts, measure_step_costs
+from distill.domains import domain_config
+from eval.acceptance import Decodes, baseline_is_off, decode_batches, figures
+from eval.baselines import measure_ar_baselines
 from eval.config import ReportConfig
 
 LOW_ALPHA = 0.4
@@ -38,14 +43,6 @@ ALL_DOMAINS = "all"  # the pooled row of the tables and plots
 class Draft:
     label: str  # its path, or how the pair derives it
     model: torch.nn.Module
-
-
-@dataclass
-class DomainDecodes:
-    """One domain's decodes: a DecodeMetrics per batch of prompts, for AR and for each draft."""
-
-    ar: list[DecodeMetrics]
-    by_draft: dict[str, list[DecodeMetrics]]
 
 
 def validate(settings: ReportConfig, decode: DecodeConfig, pair: PairConfig) -> None:
@@ -115,7 +112,7 @@ def load_another_draft(pair: ModelPair, spec: ModelSpec, check_chat_template: bo
 def prompts_by_domain(settings: ReportConfig) -> dict[str, list[str]]:
     """domain -> its first max_prompts prompts: from eval.prompts, else the shipped held-out ones."""
     if settings.prompts is None:
-        return {domain: [prompt.text for prompt in load_domain_prompts(DomainConfig(name=domain)).heldout]
+        return {domain: [prompt.text for prompt in load_domain_prompts(domain_config(domain)).heldout]
                 [:settings.max_prompts] for domain in list(settings.domains) or shipped_domains()}
     found = read_prompts_by_domain(Path(settings.prompts))
     missing = [domain for domain in settings.domains if domain not in found]
@@ -133,61 +130,16 @@ def warm_up(pair: ModelPair, drafts: list[Draft], prompt: list[int], decode: Dec
 
 
 def decode_domain(pair: ModelPair, drafts: list[Draft], prompt_ids: list[list[int]], settings: ReportConfig,
-                  decode: DecodeConfig, seed: int, domain: str) -> DomainDecodes:
+                  decode: DecodeConfig, seed: int, domain: str) -> Decodes:
     """Each batch through every draft, then AR; the same seed per batch for all of them."""
-    sampling, policy = decode.sampling(), decode.gamma_policy()
     decoders = {draft.label: pair.decoder(draft.model) for draft in drafts}
-    decodes = DomainDecodes(ar=[], by_draft={label: [] for label in decoders})
-    batches = [prompt_ids[at: at + settings.batch_size] for at in range(0, len(prompt_ids), settings.batch_size)]
-    for index, batch in enumerate(tqdm(batches, desc=f"eval {domain}", unit="batch")):
-        for label, decoder in decoders.items():
-            generation = decoder.generate(batch, settings.max_new_tokens, sampling, policy, seed=seed + index)
-            decodes.by_draft[label].append(generation.metrics)
-        if settings.compare_ar:
-            ar_decoder = decoders[drafts[0].label]  # AR runs the target alone: any draft's decoder will do
-            decodes.ar.append(ar_decoder.generate(batch, settings.max_new_tokens, sampling,
-                                                  seed=seed + index).metrics)
-    return decodes
+    return decode_batches(decoders, prompt_ids, decode.sampling(), decode.gamma_policy(), settings.max_new_tokens,
+                          settings.batch_size, seed, settings.compare_ar, description=f"eval {domain}")
 
 
-def finite(value: float | None) -> float | None:
-    """JSON has no NaN: a rate with nothing to divide by is None."""
-    return None if value is None or math.isnan(value) else value
-
-
-def draft_figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], decode: DecodeConfig, samples: int,
-                  seed: int) -> dict:
-    """One draft on a set of batches: summed counts first (so that reports merge), then the rates."""
-    total = sum(spec, DecodeMetrics())
-    ar_total = sum(ar, DecodeMetrics()) if ar else None
-    gamma = decode.gamma_policy().gamma
-    acceptance = total.token_acceptance
-    cost_ratio = draft_cost_ratio(total.to_dict())
-    measured = not math.isnan(acceptance) and not math.isnan(cost_ratio)
-    intervals = acceptance_intervals(spec, ar, samples, seed)
-    figures = {
-        "prompts": total.sequences, "tokens": total.tokens, "drafted": total.drafted, "accepted": total.accepted,
-        "rejected": total.rejected, "counts": asdict(total), "ar_counts": asdict(ar_total) if ar_total is not None else None,
-        "alpha": finite(total.alpha),
-        "alpha_interval": intervals["alpha_interval"],
-        "token_acceptance": finite(acceptance),
-        "token_acceptance_interval": intervals["token_acceptance_interval"],
-        "mean_accepted_length": finite(total.mean_accepted_length),
-        "acceptance_by_position": [finite(rate) for rate in total.acceptance_by_position()],
-        "tokens_per_s": finite(total.tokens_per_s),
-        "ar_tokens_per_s": None, "speedup": None, "speedup_interval": None,
-        "draft_cost_ratio": finite(cost_ratio),
-        "gamma": gamma,
-        "predicted_speedup": (expected_tokens_per_round(acceptance, gamma) / (1 + gamma * cost_ratio)
-                              if measured else None),
-        "recommended_gamma": (recommended_gamma(acceptance, cost_ratio, min_gamma=decode.min_gamma,
-                                                max_gamma=decode.max_gamma) if measured else None),
-    }
-    if ar_total is not None:
-        figures.update(ar_tokens_per_s=finite(ar_total.tokens_per_s),
-                       speedup=finite(total.tokens_per_s / ar_total.tokens_per_s),
-                       speedup_interval=intervals["speedup_interval"])
-    return figures
+def draft_figures(spec, ar, decode: DecodeConfig, step_costs: StepCosts | None, samples: int, seed: int) -> dict:
+    return figures(spec, ar, decode.gamma_policy().gamma, step_costs, decode.min_gamma, decode.max_gamma, samples,
+                   seed)
 
 
 def parameter_count(model: torch.nn.Module) -> int:
@@ -196,9 +148,10 @@ def parameter_count(model: torch.nn.Module) -> int:
 
 def winner(figures_by_draft: dict[str, dict]) -> str:
     """The draft with the highest speedup; alpha breaks ties, and decides alone when AR was not decoded."""
-    def rank(label: str) -> tuple[float, float]:
+    def rank(label: str) -> tuple[float, float, float]:
         figures = figures_by_draft[label]
-        return tuple(-math.inf if figures[key] is None else figures[key] for key in ("speedup", "alpha"))
+        trusted = 0.0 if baseline_is_off(figures) else 1.0  # a speedup the step costs cannot explain ranks last
+        return (trusted, *(-math.inf if figures[key] is None else figures[key] for key in ("speedup", "alpha")))
 
     return max(figures_by_draft, key=rank)
 
@@ -213,6 +166,8 @@ def advice(drafts: dict[str, dict]) -> list[str]:
                          f"(more than {LARGE_DRAFT_SHARE:.0%}): speculation may not pay")
         for domain, figures in draft["domains"].items():
             alpha, speedup = figures["alpha"], figures["speedup"]
+            for flag in figures["flags"]:
+                lines.append(f"{prefix}{domain}: {flag}" + ("; not recommended" if baseline_is_off(figures) else ""))
             if alpha is not None and alpha < LOW_ALPHA:
                 lines.append(f"{prefix}{domain}: alpha {alpha:.2f} < {LOW_ALPHA}: check the tokenizer, the chat "
                              f"template and the domain the draft was trained on")
@@ -224,10 +179,22 @@ def advice(drafts: dict[str, dict]) -> list[str]:
 
 
 def build_report(pair_config: PairConfig, decode: DecodeConfig, settings: ReportConfig, seed: int,
-                 target_parameters: int, drafts: list[Draft], decodes: dict[str, DomainDecodes]) -> dict:
-    """All figures in one plain dict: the first draft's at the top, every draft's under `drafts` when several."""
-    def figures_of(spec: list[DecodeMetrics], ar: list[DecodeMetrics]) -> dict:
-        return draft_figures(spec, ar, decode, settings.bootstrap_samples, seed)
+                 target_parameters: int, drafts: list[Draft], decodes: dict[str, Decodes],
+                 step_costs: dict[str, StepCosts | None] | None = None,
+                 baselines: dict[str, dict] | None = None) -> dict:
+    """All figures in one plain dict: the first draft's at the top, every draft's under `drafts` when several.
+
+    step_costs: draft label -> its measured costs (the prediction, the recommended gamma); baselines: domain ->
+    eval/baselines.py's AR tok/s of each engine on the domain's first prompts."""
+    step_costs, baselines = step_costs or {}, baselines or {}
+
+    def figures_of(label: str, spec: list[DecodeMetrics], ar: list[DecodeMetrics], domain: str | None) -> dict:
+        result = draft_figures(spec, ar, decode, step_costs.get(label), settings.bootstrap_samples, seed)
+        measured = baselines.get(domain) if domain else None
+        if measured and result["speedup"] is not None:
+            result["ar_baselines"] = measured
+            result["speedup_vs_strongest_ar"] = result["speedup"] * measured["ours"] / measured["strongest_tokens_per_s"]
+        return result
 
     pooled_ar = [metrics for domain in decodes.values() for metrics in domain.ar]
     by_draft = {}
@@ -235,14 +202,17 @@ def build_report(pair_config: PairConfig, decode: DecodeConfig, settings: Report
         parameters = parameter_count(draft.model)
         by_draft[draft.label] = {
             "parameters": parameters, "parameter_share": parameters / target_parameters,
-            "domains": {name: figures_of(domain.by_draft[draft.label], domain.ar) for name, domain in decodes.items()},
-            "overall": figures_of([m for domain in decodes.values() for m in domain.by_draft[draft.label]], pooled_ar),
+            "step_costs": step_costs[draft.label].to_dict() if step_costs.get(draft.label) else None,
+            "domains": {name: figures_of(draft.label, domain.by_draft[draft.label], domain.ar, name)
+                        for name, domain in decodes.items()},
+            "overall": figures_of(draft.label, [m for domain in decodes.values() for m in domain.by_draft[draft.label]],
+                                  pooled_ar, None),
         }
     first = by_draft[drafts[0].label]
     report = {
         "target": pair_config.target.path, "target_parameters": target_parameters, "draft": drafts[0].label,
         "settings": {**asdict(settings), "seed": seed, "decode": asdict(decode)},
-        "domains": first["domains"], "overall": first["overall"],
+        "domains": first["domains"], "overall": first["overall"], "step_costs": first["step_costs"],
         "draft_parameters": first["parameters"], "draft_parameter_share": first["parameter_share"],
     }
     if len(drafts) > 1:
@@ -256,16 +226,24 @@ def build_report(pair_config: PairConfig, decode: DecodeConfig, settings: Report
 
 
 def evaluate(pair_config: PairConfig, decode: DecodeConfig, settings: ReportConfig, seed: int) -> dict:
-    """Load the target and the drafts, decode every domain's prompts with each, -> the report."""
+    """Load the target and the drafts, time their step costs, decode every domain's prompts with each (and the
+    strongest AR baselines on the first prompts), -> the report."""
     validate(settings, decode, pair_config)
     prompts = prompts_by_domain(settings)
     pair, drafts = load_drafts(pair_config, list(settings.drafts) or [pair_config.draft.path])
-    prompt_ids = {domain: pair.encode_chat(texts, DomainConfig(name=domain).system_prompt)
+    prompt_ids = {domain: pair.encode_chat(texts, domain_config(domain).system_prompt)
                   for domain, texts in prompts.items()}
-    warm_up(pair, drafts, next(iter(prompt_ids.values()))[0], decode)
+    every_prompt = [ids for ids in prompt_ids.values() for ids in ids]
+    warm_up(pair, drafts, every_prompt[0], decode)
+    context = int(np.median([len(ids) for ids in every_prompt])) + settings.max_new_tokens // 2
+    step_costs = {draft.label: measure_step_costs(pair.decoder(draft.model), decode.sampling(), context,
+                                                  decode.max_gamma) for draft in drafts} if settings.step_costs else {}
     decodes = {domain: decode_domain(pair, drafts, ids, settings, decode, seed, domain)
                for domain, ids in prompt_ids.items()}
-    return build_report(pair_config, decode, settings, seed, parameter_count(pair.target), drafts, decodes)
+    baselines = measure_ar_baselines(pair, pair_config.target, prompt_ids, settings, decode, seed) \
+        if settings.baselines and settings.compare_ar else {}
+    return build_report(pair_config, decode, settings, seed, parameter_count(pair.target), drafts, decodes,
+                        step_costs, baselines)
 
 
 def report_drafts(report: dict) -> dict[str, dict]:
@@ -287,25 +265,34 @@ def _with_interval(value: float | None, interval: list[float] | None, spec: str)
     return f"{_number(value, spec)} [{format(interval[0], spec)}, {format(interval[1], spec)}]"
 
 
-TABLE_HEADER = ("| domain | prompts | drafted | alpha [95% CI] | token acceptance | accepted length | spec tok/s "
-                "| AR tok/s | speedup [95% CI] | predicted speedup | c | recommended gamma |\n"
-                "|---|---:|---:|---|---:|---:|---:|---:|---|---:|---:|---:|")
+TABLE_HEADER = ("| domain | prompts | per-token acceptance [95% CI] | alpha [95% CI] | accepted length | spec tok/s "
+                "| AR tok/s | speedup [95% CI] | predicted | c | v | recommended gamma | vs strongest AR |\n"
+                "|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|")
+
+
+def strongest_cell(figures: dict) -> str:
+    measured = figures.get("ar_baselines")
+    if not measured or figures.get("speedup_vs_strongest_ar") is None:
+        return "-"
+    return f"{figures['speedup_vs_strongest_ar']:.2f}x ({measured['strongest']})"
 
 
 def table_row(name: str, figures: dict) -> str:
-    cells = [name, str(figures["prompts"]), str(figures["drafted"]),
+    cells = [name + (" (flagged)" if figures["flags"] else ""), str(figures["prompts"]),
+             _with_interval(figures["token_acceptance"], figures["token_acceptance_interval"], ".3f"),
              _with_interval(figures["alpha"], figures["alpha_interval"], ".3f"),
-             _number(figures["token_acceptance"], ".3f"), _number(figures["mean_accepted_length"], ".2f"),
+             _number(figures["mean_accepted_length"], ".2f"),
              _number(figures["tokens_per_s"], ".1f"), _number(figures["ar_tokens_per_s"], ".1f"),
              _with_interval(figures["speedup"], figures["speedup_interval"], ".2f"),
-             _number(figures["predicted_speedup"], ".2f"), _number(figures["draft_cost_ratio"], ".3f"),
-             _number(figures["recommended_gamma"], "d")]
+             _number(figures["predicted_speedup"], ".2f"), _number(figures["c"], ".3f"), _number(figures["v"], ".2f"),
+             _number(figures["recommended_gamma"], "d"), strongest_cell(figures)]
     return "| " + " | ".join(cells) + " |"
 
 
 TABLE_COLUMNS = ["draft", "domain", "prompts", "drafted", "accepted", "alpha", "alpha_low", "alpha_high",
-                 "token_acceptance", "mean_accepted_length", "tokens_per_s", "ar_tokens_per_s", "speedup",
-                 "speedup_low", "speedup_high", "predicted_speedup", "draft_cost_ratio", "recommended_gamma"]
+                 "token_acceptance", "token_acceptance_low", "token_acceptance_high", "mean_accepted_length",
+                 "tokens_per_s", "ar_tokens_per_s", "speedup", "speedup_low", "speedup_high", "predicted_speedup",
+                 "c", "v", "recommended_gamma", "speedup_vs_strongest_ar", "flagged"]
 
 
 def table_rows(report: dict) -> tuple[list[str], list[list]]:
@@ -313,12 +300,13 @@ def table_rows(report: dict) -> tuple[list[str], list[list]]:
     rows = []
     for label, draft in report_drafts(report).items():
         for name, figures in {**draft["domains"], ALL_DOMAINS: draft["overall"]}.items():
-            alpha_interval = figures["alpha_interval"] or [None, None]
-            speedup_interval = figures["speedup_interval"] or [None, None]
             rows.append([label, name, figures["prompts"], figures["drafted"], figures["accepted"], figures["alpha"],
-                         *alpha_interval, figures["token_acceptance"], figures["mean_accepted_length"],
-                         figures["tokens_per_s"], figures["ar_tokens_per_s"], figures["speedup"], *speedup_interval,
-                         figures["predicted_speedup"], figures["draft_cost_ratio"], figures["recommended_gamma"]])
+                         *(figures["alpha_interval"] or [None, None]), figures["token_acceptance"],
+                         *(figures["token_acceptance_interval"] or [None, None]), figures["mean_accepted_length"],
+                         figures["tokens_per_s"], figures["ar_tokens_per_s"], figures["speedup"],
+                         *(figures["speedup_interval"] or [None, None]), figures["predicted_speedup"], figures["c"],
+                         figures["v"], figures["recommended_gamma"], figures.get("speedup_vs_strongest_ar"),
+                         bool(figures["flags"])])
     return TABLE_COLUMNS, rows
 
 
@@ -339,14 +327,23 @@ def format_markdown(report: dict) -> str:
              f"top_p {decode['top_p']}, top_k {decode['top_k']}, seed {settings['seed']}.",
              "alpha = accepted / drafted over the summed counts; intervals: "
              f"{settings['bootstrap_samples']} bootstrap resamples of the "
-             f"{'prompts' if settings['batch_size'] == 1 else 'batches of prompts'}. Predicted speedup: "
-             "(1 + a + ... + a^gamma) / (1 + gamma c), a the token acceptance, c the measured draft cost ratio."]
+             f"{'prompts' if settings['batch_size'] == 1 else 'batches of prompts'}. Speedup: over our AR decoded "
+             "on the same prompts, interleaved. Predicted: (1 + a + ... + a^gamma) / (gamma c + v(gamma)), a the "
+             "per-token acceptance, c a draft step and v(gamma) a verify in AR steps, as timed. Vs strongest AR: "
+             "the speedup times our AR's speed over the fastest AR engine's, measured on the first "
+             f"{settings['baseline_prompts']} prompts of each domain."]
     for label, draft in report_drafts(report).items():
         lines += ["", f"## Draft `{label}`", "",
                   f"{draft['parameters']:,} parameters, {draft['parameter_share']:.0%} of the target's.", "",
                   TABLE_HEADER]
+        baseline_rows = [(name, figures["ar_baselines"]) for name, figures in draft["domains"].items()
+                         if figures.get("ar_baselines")]
         lines += [table_row(name, figures) for name, figures in draft["domains"].items()]
         lines.append(table_row(f"**{ALL_DOMAINS}**", draft["overall"]))
+        if baseline_rows:
+            lines += ["", "AR tok/s on each domain's first prompts: " + "; ".join(
+                f"{name}: " + ", ".join(f"{engine} {rate:.1f}" for engine, rate in measured["tokens_per_s"].items())
+                for name, measured in baseline_rows)]
     if "winners" in report:
         lines += ["", "## Winner (by speedup, ties by alpha)", ""]
         lines += [winner_line(name, label, report["drafts"][label]) for name, label in report["winners"].items()]

@@ -9,7 +9,6 @@ import decode.speculative as speculative
 from decode.native import NativeLlamaRunner
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy, SpeculativeDecoder
-from eval.acceptance import draft_cost_ratio
 
 GREEDY = SamplingParams(temperature=0)
 PROMPTS = [[5, 6, 7], [8, 9]]
@@ -59,7 +58,7 @@ def test_the_drafts_prefill_is_its_own_phase(target64, draft64, tokenizer):
     assert metrics.draft_prefill_s >= pause > metrics.draft_s
     booked = metrics.ttft_s + metrics.draft_prefill_s + metrics.draft_s + metrics.verify_s
     assert metrics.other_s == pytest.approx(metrics.total_s - booked)
-    assert draft_cost_ratio(metrics.to_dict()) < 10  # with the prefill in draft_s it was over 50
+    assert metrics.draft_s / metrics.drafted < pause  # with the prefill in draft_s it was over the pause
     autoregressive = decoder.generate(PROMPTS, 6, GREEDY).metrics
     assert autoregressive.draft_prefill_s == autoregressive.draft_s == 0.0
     assert autoregressive.rounds_per_gamma == [autoregressive.rounds]

@@ -19,8 +19,9 @@ from decode.models import ModelSpec
 from decode.pair import load_pair
 from decode.tiny import tiny_llama, tiny_tokenizer
 from eval.config import ReportConfig
-from eval.acceptance import bootstrap_interval, ratio_of_sums
-from eval.report import (ALL_DOMAINS, TABLE_COLUMNS, DomainDecodes, Draft, build_report, draft_figures, evaluate,
+from decode.step_costs import StepCosts
+from eval.acceptance import Decodes, bootstrap_interval, ratio_of_sums
+from eval.report import (ALL_DOMAINS, TABLE_COLUMNS, Draft, build_report, draft_figures, evaluate, format_markdown,
                          load_drafts, table_rows, winner)
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -54,7 +55,7 @@ def target_dir(tmp_path_factory):
 def comparison(target_dir):
     """The pair's derived draft against the target itself, 2 domains x 2 prompts, ranked by alpha (no AR)."""
     settings = ReportConfig(drafts=[None, str(target_dir)], domains=["chat", "math"], max_prompts=2,
-                            max_new_tokens=6, compare_ar=False, bootstrap_samples=200)
+                            max_new_tokens=6, compare_ar=False, bootstrap_samples=200, step_costs=False)
     threads = torch.get_num_threads()
     torch.set_num_threads(ONE_THREAD)
     try:
@@ -83,14 +84,14 @@ def test_bootstrap_interval_is_seeded_and_absent_without_resamples():
 
 
 def test_alpha_is_the_ratio_of_summed_counts_not_a_mean_of_ratios():
-    figures = draft_figures([metrics(1, 2), metrics(1, 18)], [], DECODE, samples=100, seed=0)
+    figures = draft_figures([metrics(1, 2), metrics(1, 18)], [], DECODE, None, samples=100, seed=0)
     assert figures["alpha"] == pytest.approx(2 / 20)  # a mean of the two ratios would be 0.53
     assert figures["drafted"] == 20 and figures["accepted"] == 2 and figures["prompts"] == 2
 
 
 def test_pooled_figures_are_the_summed_domains_with_the_shared_ar_baseline():
-    decodes = {"code": DomainDecodes(ar=[metrics(0, 0, seconds=2.0)], by_draft={"d": [metrics(9, 10)]}),
-               "math": DomainDecodes(ar=[metrics(0, 0, seconds=1.0)] * 3, by_draft={"d": [metrics(1, 10)] * 3})}
+    decodes = {"code": Decodes(ar=[metrics(0, 0, seconds=2.0)], by_draft={"d": [metrics(9, 10)]}),
+               "math": Decodes(ar=[metrics(0, 0, seconds=1.0)] * 3, by_draft={"d": [metrics(1, 10)] * 3})}
     report = build_report(TINY, DECODE, ReportConfig(bootstrap_samples=50), 0, 400,
                           [Draft("d", torch.nn.Linear(10, 10))], decodes)
     overall = report["overall"]
@@ -184,7 +185,8 @@ def test_a_request_log_is_a_prompt_source_with_domains_of_its_own(tmp_path):
              {"domain": "support", "prompt": "My order has not arrived."},  # sent twice: decoded once
              {"domain": "support", "prompt": "How do I reset my password?"}]
     log.write_text("".join(json.dumps(line) + "\n" for line in lines))
-    settings = ReportConfig(prompts=str(log), max_prompts=4, max_new_tokens=4, compare_ar=False, bootstrap_samples=0)
+    settings = ReportConfig(prompts=str(log), max_prompts=4, max_new_tokens=4, compare_ar=False, bootstrap_samples=0,
+                            step_costs=False)
     report = evaluate(TINY, DECODE, settings, seed=0)
     assert {name: figures["prompts"] for name, figures in report["domains"].items()} == {"code": 1, "support": 2}
     columns, rows = table_rows(report)
@@ -193,3 +195,55 @@ def test_a_request_log_is_a_prompt_source_with_domains_of_its_own(tmp_path):
     with pytest.raises(PromptError, match="requests.jsonl:2: field 'prompt'"):
         log.write_text(json.dumps(lines[0]) + "\n" + json.dumps({"domain": "code", "prompt": ""}) + "\n")
         evaluate(TINY, DECODE, settings, seed=0)
+
+
+def test_a_domain_whose_speedup_its_step_costs_cannot_explain_is_flagged_and_never_wins():
+    """Our AR slower than a verify (v < 1) inflates every speedup over it: the report flags the domain."""
+    fair = StepCosts(context=32, target_step_s=1.0, draft_step_s=0.1, verify_s={g: 1.0 + 0.01 * g for g in range(1, 9)})
+    slow_ar = StepCosts(context=32, target_step_s=1.0, draft_step_s=0.1, verify_s={g: 0.7 for g in range(1, 9)})
+    decodes = {"code": Decodes(ar=[metrics(0, 0, seconds=2.0)] * 4,
+                               by_draft={"fair": [metrics(9, 10)] * 4, "slow": [metrics(9, 10, seconds=0.5)] * 4})}
+    drafts = [Draft("fair", torch.nn.Linear(2, 2)), Draft("slow", torch.nn.Linear(2, 2))]
+    report = build_report(TINY, DECODE, ReportConfig(bootstrap_samples=50), 0, 400, drafts, decodes,
+                          {"fair": fair, "slow": slow_ar})
+    slow = report["drafts"]["slow"]["domains"]["code"]
+    assert slow["speedup"] > report["drafts"]["fair"]["domains"]["code"]["speedup"]
+    assert any("AR baseline is slow" in flag for flag in slow["flags"])
+    assert report["winners"]["code"] == "fair"  # the faster-looking draft's speedup is not trusted
+    assert any(line.startswith("slow: code:") and "not recommended" in line for line in report["advice"])
+    assert "| code (flagged) |" in format_markdown(report)
+
+
+def test_the_strongest_ar_on_the_machine_is_measured_and_the_speed_against_it_reported(monkeypatch):
+    """transformers generate beside our AR on the first prompts; llama.cpp is left out, with its reason,
+    when the target is no GGUF."""
+    settings = ReportConfig(domains=["chat"], max_prompts=2, max_new_tokens=6, bootstrap_samples=50,
+                            baseline_prompts=2)
+    report = evaluate(TINY, DecodeConfig(temperature=0.0), settings, seed=0)
+    chat = report["domains"]["chat"]
+    measured = chat["ar_baselines"]
+    assert set(measured["tokens_per_s"]) == {"ours", "hf_generate"} and measured["prompts"] == 2
+    assert "not a GGUF" in measured["skipped"]["llama_cpp"]
+    assert measured["strongest_tokens_per_s"] == max(measured["tokens_per_s"].values())
+    assert chat["speedup_vs_strongest_ar"] == pytest.approx(
+        chat["speedup"] * measured["ours"] / measured["strongest_tokens_per_s"])
+    assert report["step_costs"]["c"] > 0 and chat["predicted_speedup"] > 0
+
+
+def test_a_domains_system_prompt_reaches_the_report(monkeypatch):
+    import eval.report
+    from distill.config import DomainConfig
+
+    monkeypatch.setattr(eval.report, "domain_config",
+                        lambda name: DomainConfig(name=name, system_prompt="Answer in French."))
+    encoded = []
+    real = eval.report.decode_domain
+
+    def recording(pair, drafts, prompt_ids, *args):
+        encoded.append(pair.tokenizer.decode(prompt_ids[0]))
+        return real(pair, drafts, prompt_ids, *args)
+
+    monkeypatch.setattr(eval.report, "decode_domain", recording)
+    evaluate(TINY, DECODE, ReportConfig(domains=["chat"], max_prompts=1, max_new_tokens=2, compare_ar=False,
+                                        bootstrap_samples=0, step_costs=False), seed=0)
+    assert "Answer in French." in encoded[0]

@@ -5,6 +5,7 @@ import json
 import pytest
 from accelerate import Accelerator
 
+import eval.acceptance
 import eval.stage
 from decode.config import DecodeConfig
 from decode.context import RunContext
@@ -35,91 +36,108 @@ DECODE = DecodeConfig(temperature=0.0, gamma=3, min_gamma=1)
 
 def test_the_untrained_draft_is_measured_again_when_the_prompts_change(ctx, pair, monkeypatch):
     measured = []
-    real = eval.stage.measure_acceptance
+    real = eval.stage.decode_batches
 
-    def counted(decoder, prompt_ids, *args, description, **kwargs):
+    def counted(decoders, prompt_ids, *args, description, **kwargs):
         measured.append((description, prompt_ids))
-        return real(decoder, prompt_ids, *args, description=description, **kwargs)
+        return real(decoders, prompt_ids, *args, description=description, **kwargs)
 
-    monkeypatch.setattr(eval.stage, "measure_acceptance", counted)
+    monkeypatch.setattr(eval.stage, "decode_batches", counted)
     untrained = lambda: [ids for description, ids in measured if "untrained" in description]  # noqa: E731
     first_prompts = pair.encode_chat(["first prompt", "second prompt"])
-    run_eval(ctx, SETTINGS, DECODE, first_prompts)
-    run_eval(ctx, SETTINGS, DECODE, first_prompts)
+    run_eval(ctx, SETTINGS, DECODE, first_prompts, "draft")
+    run_eval(ctx, SETTINGS, DECODE, first_prompts, "draft")
     assert untrained() == [first_prompts]  # same prompts and settings: measured once
     other_prompts = pair.encode_chat(["a different prompt", "and another one"])
-    run_eval(ctx, SETTINGS, DECODE, other_prompts)
+    run_eval(ctx, SETTINGS, DECODE, other_prompts, "draft")
     assert untrained() == [first_prompts, other_prompts]
     before = json.loads((ctx.run_dir / "eval_before.json").read_text())
     assert before["key"] == eval.stage.eval_key(other_prompts, DECODE, SETTINGS, ctx.seed)
 
 
-def test_speed_is_measured_at_the_recommended_gamma_after_timing_the_step_cost(ctx, pair, monkeypatch):
+def test_speed_is_measured_at_the_gamma_the_step_costs_and_acceptance_recommend(ctx, pair, monkeypatch):
     prompts = pair.encode_chat(["first prompt", "second prompt"])
     chosen = []
+    real = eval.acceptance.recommended_gamma
 
-    def recommend(token_acceptance, cost_ratio, **bounds):
-        chosen.append((token_acceptance, cost_ratio))
+    def recommend(token_acceptance, step_costs, min_gamma, max_gamma):
+        chosen.append((token_acceptance, step_costs.c))
+        real(token_acceptance, step_costs, min_gamma, max_gamma)
         return 5
 
-    monkeypatch.setattr(eval.stage, "recommended_gamma", recommend)
-    summary = run_eval(ctx, SETTINGS, DECODE, prompts)
-    at_gamma = json.loads((ctx.run_dir / "eval_recommended_gamma.json").read_text())
-    # chosen from the acceptance on every eval prompt and c timed at the configured gamma
-    assert chosen == [(summary["token_acceptance_after"], summary["draft_cost_ratio"])]
-    assert len(at_gamma["cost_probe"]["drafted_per_position"]) == DECODE.gamma
-    assert summary["recommended_gamma"] == at_gamma["gamma"] == 5
-    assert len(at_gamma["counts"]["drafted_per_position"]) == 5
-    assert at_gamma["ar_tokens_per_s"] == summary["ar_tokens_per_s"] > 0  # AR decoded in the same pass
-    assert summary["speedup_vs_ar_at_recommended_gamma"] == pytest.approx(
-        at_gamma["tokens_per_s"] / at_gamma["ar_tokens_per_s"])
-    assert summary["alpha_at_recommended_gamma"] == at_gamma["alpha"]
+    monkeypatch.setattr(eval.acceptance, "recommended_gamma", recommend)
+    result = run_eval(ctx, SETTINGS, DECODE, prompts, "draft")
+    # chosen from the acceptance on every eval prompt and the draft's timed step cost
+    assert chosen[0] == (result.after["token_acceptance"], result.step_costs["c"])
+    assert result.recommended_gamma == result.speed["gamma"] == 5
+    assert len(result.speed["counts"]["drafted_per_position"]) == 5
+    assert result.speed["ar_tokens_per_s"] > 0  # AR decoded in the same pass
+    assert result.speed["speedup"] == pytest.approx(result.speed["tokens_per_s"] / result.speed["ar_tokens_per_s"])
+    # the prediction at that gamma from the same costs
+    costs = result.step_costs
+    a = result.speed["token_acceptance"]
+    assert result.speed["predicted_speedup"] == pytest.approx(
+        sum(a ** i for i in range(6)) / (5 * costs["c"] + costs["v"]["5"]))
 
 
 def test_without_the_recommended_gamma_speed_is_measured_at_the_configured_one(ctx, pair):
     prompts = pair.encode_chat(["first prompt", "second prompt"])
-    run_eval(ctx, SETTINGS, DECODE, prompts)
-    assert (ctx.run_dir / "eval_recommended_gamma.json").is_file()
     settings = EvalConfig(max_prompts=2, max_new_tokens=6, batch_size=2, compare_ar=True, at_recommended_gamma=False)
-    summary = run_eval(ctx, settings, DECODE, prompts)
-    assert not (ctx.run_dir / "eval_recommended_gamma.json").exists()  # never an earlier run's file
-    speed = json.loads((ctx.run_dir / "eval_after.json").read_text())["speed"]
-    assert len(speed["counts"]["drafted_per_position"]) == DECODE.gamma
-    assert summary["speedup_vs_ar_after"] == speed["speedup_vs_ar"]
-    assert summary["speedup_vs_ar_at_recommended_gamma"] is None and 1 <= summary["recommended_gamma"] <= 8
+    result = run_eval(ctx, settings, DECODE, prompts, "draft")
+    assert result.speed["gamma"] == DECODE.gamma
+    assert len(result.speed["counts"]["drafted_per_position"]) == DECODE.gamma
+    assert 1 <= result.recommended_gamma <= 8
 
 
 def test_a_recommended_gamma_below_min_gamma_is_never_given(ctx, pair):
     prompts = pair.encode_chat(["first prompt", "second prompt"])
-    summary = run_eval(ctx, SETTINGS, DecodeConfig(temperature=0.0, gamma=3, min_gamma=3, max_gamma=5), prompts)
-    assert 3 <= summary["recommended_gamma"] <= 5
+    result = run_eval(ctx, SETTINGS, DecodeConfig(temperature=0.0, gamma=3, min_gamma=3, max_gamma=5), prompts, "d")
+    assert 3 <= result.recommended_gamma <= 5
 
 
 def test_the_trained_drafts_figures_come_with_intervals_that_hold_them(ctx, pair):
     prompts = pair.encode_chat(["first prompt", "second prompt", "a third one", "and a fourth"])
     settings = EvalConfig(max_prompts=4, max_new_tokens=6, batch_size=1, compare_ar=True)
-    summary = run_eval(ctx, settings, DecodeConfig(temperature=0.7, gamma=3), prompts)
-    low, high = summary["alpha_after_interval"]
-    assert low <= summary["alpha_after"] <= high
-    low, high = summary["speedup_vs_ar_at_recommended_gamma_interval"]
-    assert low <= summary["speedup_vs_ar_at_recommended_gamma"] <= high and low > 0
+    result = run_eval(ctx, settings, DecodeConfig(temperature=0.7, gamma=3), prompts, "draft")
+    low, high = result.after["alpha_interval"]
+    assert low <= result.after["alpha"] <= high
+    low, high = result.speed["speedup_interval"]
+    assert low <= result.speed["speedup"] <= high and low > 0
 
 
 def test_acceptance_is_measured_on_every_prompt_and_speed_on_the_first_one_at_a_time(ctx, pair):
     prompts = pair.encode_chat([f"prompt number {i}" for i in range(6)])
     settings = EvalConfig(max_prompts=6, max_new_tokens=6, batch_size=3, speed_prompts=2, compare_ar=True)
-    summary = run_eval(ctx, settings, DecodeConfig(temperature=0.7, gamma=3), prompts)
-    after = json.loads((ctx.run_dir / "eval_after.json").read_text())
-    assert (summary["eval_prompts"], summary["eval_speed_prompts"]) == (6, 2)
+    result = run_eval(ctx, settings, DecodeConfig(temperature=0.7, gamma=3), prompts, "draft")
+    after = result.after
+    assert result.prompts == 6 and result.speed["prompts"] == 2
     assert after["counts"]["sequences"] == 6 and after["counts"]["calls"] == 2  # two batches of three
-    assert after["speed"]["counts"]["sequences"] == 2 == after["speed"]["counts"]["calls"]
+    assert result.speed["counts"]["sequences"] == 2 == result.speed["counts"]["calls"]
     # the intervals resample prompts, not batches: one row of counts per prompt, adding up to the totals
     rows = after["counts"]["row_counts"]
     assert len(rows) == 6
     assert [sum(column) for column in zip(*rows)] == [after["counts"][key] for key in ("drafted", "accepted", "rejected")]
-    for key in ("alpha_after", "token_acceptance_after"):
-        low, high = summary[f"{key}_interval"]
-        assert low <= summary[key] <= high
+    for key in ("alpha", "token_acceptance"):
+        low, high = after[f"{key}_interval"]
+        assert low <= after[key] <= high
+
+
+def test_a_speedup_its_step_costs_cannot_explain_is_flagged_not_recommended():
+    from eval.acceptance import baseline_flags, baseline_is_off
+    from eval.stage import verdict
+
+    fair = {"gamma": 3, "v": 1.05, "c": 0.1, "token_acceptance": 0.4, "speedup": 1.1, "speedup_interval": [1.0, 1.2],
+            "predicted_speedup": 1.1}
+    assert baseline_flags(fair) == []
+    slow_ar = {**fair, "v": 0.7}
+    inflated = {**fair, "speedup": 1.5, "speedup_interval": [1.4, 1.6]}
+    for result in (slow_ar, inflated):
+        result["flags"] = baseline_flags(result)
+        assert baseline_is_off(result) and verdict(result).startswith("the measured speedup cannot be trusted")
+    short = {**fair, "speedup": 0.8, "speedup_interval": [0.7, 0.9]}
+    short["flags"] = baseline_flags(short)
+    assert short["flags"] and not baseline_is_off(short)
+    assert "serve the target without this draft" in verdict(short)
 
 
 def test_intervals_over_prompts_see_the_spread_inside_a_batch():

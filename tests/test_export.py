@@ -189,17 +189,49 @@ def test_a_failed_round_trip_is_a_mismatch_not_a_configuration_error(tmp_path, m
 
 
 def test_a_draft_measured_slower_than_the_target_alone_is_flagged_everywhere(tmp_path):
-    from decode.serving.card import not_worth_serving
+    from eval.acceptance import baseline_flags
+    from eval.stage import verdict
     from train.pipeline import format_summary
 
-    slow = {"domain": "code", "method": "distill", "recommended_gamma": 2, "speedup_vs_ar_at_recommended_gamma": 0.6}
-    warning = not_worth_serving(slow)
+    speed = {"gamma": 2, "v": 1.02, "c": 0.2, "token_acceptance": 0.3, "speedup": 0.6, "speedup_interval": [0.55, 0.65],
+             "predicted_speedup": 0.62, "prompts": 2, "tokens_per_s": 6.0, "ar_tokens_per_s": 10.0}
+    speed["flags"] = baseline_flags(speed)
+    warning = verdict(speed)
     assert "0.60x" in warning and "serve the target without this draft" in warning
-    assert not_worth_serving({**slow, "speedup_vs_ar_at_recommended_gamma": 1.3}) is None
-    assert not_worth_serving({"domain": "code"}) is None  # nothing measured: nothing claimed
-    assert f"NOT WORTH SERVING: {warning}" in format_summary(slow, tmp_path)
+    assert verdict({**speed, "speedup": 1.3, "speedup_interval": [1.2, 1.4], "predicted_speedup": 1.3,
+                    "flags": []}) is None
+    figures = {"token_acceptance": 0.3, "token_acceptance_interval": None, "alpha": 0.2, "alpha_interval": None,
+               "mean_accepted_length": 1.3}
+    summary = {"domain": "code", "method": "distill", "stage_seconds": {},
+               "eval": {"prompts": 2, "gamma": 3, "before": figures, "after": figures, "step_costs": None,
+                        "recommended_gamma": 2, "speed": speed, "verdict": warning}}
+    assert f"NOT RECOMMENDED: {warning}" in format_summary(summary, tmp_path)
     flags = serving_flags(ServingTarget("org/target", str(tmp_path / "t.gguf")), tmp_path / "d", tmp_path / "d.gguf", 2)
     write_serving_files(tmp_path / "serving", flags, warning)
     for script in ("vllm.sh", "sglang.sh", "llama_cpp.sh"):
         assert (tmp_path / "serving" / script).read_text().splitlines()[1] == f"# WARNING: {warning}"
     assert (tmp_path / "serving" / "NOT_WORTH_SERVING").read_text().strip() == warning
+
+
+def test_a_retrained_draft_is_never_exported_with_the_previous_drafts_figures(tmp_path):
+    """stages=[train,export] in a run directory whose eval described another draft: the card and the flags
+    describe the new draft (not evaluated, the configured gamma), not the old draft's eval."""
+    from decode.results import EvalResult, load_result
+
+    _, first = export_run(tmp_path, ["generate", "train", "eval", "export"], ["decode.max_gamma=5"])
+    old_gamma = first["eval"]["recommended_gamma"]
+    run = tmp_path / "run"
+    assert first["export"]["evaluated"] and first["export"]["gamma"] == old_gamma
+    old_fingerprint = first["train"]["draft_fingerprint"]
+    # a changed draft: another learning rate, in the same run directory (a retrain)
+    _, second = export_run(tmp_path, ["train", "export"], ["decode.max_gamma=5", "method.lr=0.05",
+                                                           "method.max_steps=4", "decode.gamma=7"])
+    assert second["train"]["draft_fingerprint"] != old_fingerprint
+    assert "eval" not in second and load_result(run, EvalResult) is None  # the old eval went with its draft
+    export = json.loads((run / "export" / "export.json").read_text())
+    assert export["evaluated"] is False and export["gamma"] == 7 and export["draft_fingerprint"] == \
+        second["train"]["draft_fingerprint"]
+    assert json.loads((run / "export" / "serving" / "vllm.json").read_text())["num_speculative_tokens"] == 7
+    card = (run / "export" / "README.md").read_text()
+    assert "not evaluated" in card and "held-out acceptance" not in card
+    assert f"{second['train']['steps']} steps" in card

@@ -22,7 +22,9 @@ class LoraSettings:
     r: int = 16
     alpha: int = 32
     dropout: float = 0.0
-    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    # every projection of attention and MLP: the draft is small, and adapters on all of them learn most
+    target_modules: List[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj",
+                                                               "up_proj", "down_proj"])
 
 
 @dataclass
@@ -35,7 +37,7 @@ class MethodConfig:
     lr: float = 2.0e-3
     weight_decay: float = 0.0
     warmup_steps: int = 10
-    epochs: int = 4
+    epochs: int = 2
     max_steps: Optional[int] = None  # overrides epochs
     micro_batch_size: int = 8
     gradient_accumulation: int = 1

@@ -1,7 +1,7 @@
 """The stages of `python -m train`: generate -> train -> eval -> export, each in the folder of its name.
 
-Each stage reads what the earlier ones left in the run directory (or in the data cache), so any stage
-can be run alone from the same config. They share a RunContext and return their summary entries.
+Each stage returns its record (decode/results.py), saved in <run_dir>/results/; a later stage loads the records
+it needs, so any stage can be run alone from the same config. summary.json rolls every current record up.
 """
 
 from __future__ import annotations
@@ -16,9 +16,9 @@ from pathlib import Path
 from decode.context import RunContext
 from decode.errors import ConfigError, ExportError
 from decode.files import write_json
+from decode.results import EvalResult, GenerateResult, TrainResult, load_result, roll_up, save_result
 from decode.pair import load_pair
 from decode.precision import SETTINGS as AUTOCAST_SETTINGS
-from decode.serving.card import not_worth_serving
 from decode.serving.gguf import gguf_unsupported_reason
 from decode.serving.stage import run_export
 from distill.data import load_domain_prompts, shipped_domains
@@ -60,7 +60,7 @@ def validate(config: TrainConfig) -> None:
     if method.max_length < 16:
         raise ConfigError(f"method.max_length must be >= 16 tokens, got {method.max_length}")
     config.decode.validate()
-    config.generate.sampling()
+    config.generate.sampling(config.decode)
     if config.eval.max_prompts < 1 or config.eval.batch_size < 1 or config.eval.max_new_tokens < 1:
         raise ConfigError("eval.max_prompts, eval.batch_size and eval.max_new_tokens must be >= 1")
 
@@ -70,6 +70,8 @@ def run_directory(config: TrainConfig) -> Path:
         return Path(config.run_dir)
     settings = as_dict(config)
     shaping = {key: settings[key] for key in SHAPING_THE_DRAFT}
+    # the answers are sampled as decode says unless generate sets its own: that sampling shapes the draft
+    shaping["answers_sampling"] = vars(config.generate.sampling(config.decode))
     digest = hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:8]
     return Path("outputs") / config.domain.name / f"{config.method.name}-{digest}"
 
@@ -91,90 +93,100 @@ class Pipeline:
         draft_spec = replace(config.pair.draft, device=str(accelerator.device))
         pair = load_pair(target_spec, draft_spec, config.pair.check_chat_template)
         check_export_support(config, pair)
-        self.ctx = RunContext.with_previous_summary(run_dir, pair=pair, target_spec=target_spec,
-                                                    accelerator=accelerator, tracker=tracker, seed=config.seed)
-        self.stage_seconds: dict[str, float] = {}
+        self.ctx = RunContext(run_dir=run_dir, pair=pair, target_spec=target_spec, accelerator=accelerator,
+                              tracker=tracker, seed=config.seed)
 
     def run(self) -> dict:
         config, ctx = self.config, self.ctx
-        ctx.known.update(domain=config.domain.name, method=config.method.name, run_dir=str(ctx.run_dir))
+        summary_path = ctx.run_dir / "summary.json"
+        previous = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+        stage_seconds = dict(previous.get("stage_seconds", {}))
         for name in STAGES:
             if name in config.stages:
                 log.info("stage %s", name)
                 began = time.perf_counter()
-                ctx.known.update(getattr(self, f"_{name}")())
-                self.stage_seconds[name] = round(time.perf_counter() - began, 1)
-        ctx.known["stage_seconds"] = {**ctx.known.get("stage_seconds", {}), **self.stage_seconds}
+                result = getattr(self, f"_{name}")()
+                if result is not None and ctx.is_main_process:
+                    save_result(ctx.run_dir, result)
+                stage_seconds[name] = round(time.perf_counter() - began, 1)
+        identity = {"domain": config.domain.name, "method": config.method.name, "run_dir": str(ctx.run_dir)}
+        summary = roll_up(ctx.run_dir, identity, stage_seconds)
         if ctx.is_main_process:
-            write_json(ctx.run_dir / "summary.json", ctx.known)
-        ctx.tracker.summary(ctx.known)
-        return ctx.known
+            write_json(summary_path, summary)
+        ctx.tracker.summary(summary)
+        return summary
 
     def _heldout_prompt_ids(self) -> list[list[int]]:
         return self.ctx.pair.encode_chat([p.text for p in self.prompts.heldout], self.config.domain.system_prompt)
 
-    def _generate(self) -> dict:
+    def _generate(self) -> GenerateResult:
         generate = self.config.generate
-        return target_answers(self.ctx, self.config.domain, generate, self.prompts, create=True,
-                              autocast=generate.autocast)[1]
+        return target_answers(self.ctx, self.config.domain, generate, self.config.decode, self.prompts,
+                              create=True)[1]
 
-    def _train(self) -> dict:
+    def _train(self) -> TrainResult:
         config = self.config
         return run_train(self.ctx, config.method, config.domain, config.generate, config.decode, self.prompts)
 
-    def _eval(self) -> dict:
-        return run_eval(self.ctx, self.config.eval, self.config.decode, self._heldout_prompt_ids())
+    def _eval(self) -> EvalResult:
+        return run_eval(self.ctx, self.config.eval, self.config.decode, self._heldout_prompt_ids(),
+                        self.ctx.draft_fingerprint())
 
-    def _export(self) -> dict:
-        config = self.config
-        return run_export(self.ctx, config.export, config.decode, self._heldout_prompt_ids(),
-                          config.eval.max_new_tokens, self.plain_config)
+    def _export(self):
+        config, ctx = self.config, self.ctx
+        fingerprint = ctx.draft_fingerprint()
+        return run_export(ctx, config.export, config.decode, self._heldout_prompt_ids(), config.eval.max_new_tokens,
+                          self.plain_config, load_result(ctx.run_dir, EvalResult, fingerprint),
+                          load_result(ctx.run_dir, TrainResult, fingerprint),
+                          load_result(ctx.run_dir, GenerateResult), fingerprint)
 
 
 def format_summary(summary: dict, run_dir: Path) -> str:
     """One screen: what the run produced and how good it is."""
-    def number(key, spec=".3f"):
-        value = summary.get(key)
-        return format(value, spec) if isinstance(value, (int, float)) else "-"
-
-    def interval(key):
-        bounds = summary.get(key)
-        return f" [{bounds[0]:.3f}, {bounds[1]:.3f}]" if bounds else ""
-
     lines = [f"== {summary['domain']} / {summary['method']} =="]
-    if "alpha_after" in summary:
-        lines.append(f"held-out acceptance, {summary.get('eval_prompts', '?')} prompts, gamma "
-                     f"{summary.get('eval_gamma', '?')}, [95% interval over prompts]:")
-        lines.append(f"  alpha = accepted/drafted (what vLLM and llama.cpp count): {number('alpha_before')} -> "
-                     f"{number('alpha_after')}{interval('alpha_after_interval')}")
-        lines.append(f"  per-token acceptance = accepted/tested: {number('token_acceptance_before')} -> "
-                     f"{number('token_acceptance_after')}{interval('token_acceptance_after_interval')}")
-        lines.append(f"  mean accepted length {number('mean_accepted_length_after', '.2f')} tokens/round")
-    speed_prompts = f"the first {summary.get('eval_speed_prompts', '?')} prompts one request at a time, each also AR"
-    if summary.get("speedup_vs_ar_at_recommended_gamma") is not None:
-        lines.append(f"recommended gamma {summary['recommended_gamma']} (for this per-token acceptance and the "
-                     f"draft's step cost c = {number('draft_cost_ratio')} on this machine); there, on {speed_prompts}:")
-        lines.append(f"  speculative {number('spec_tokens_per_s_at_recommended_gamma', '.1f')} tok/s vs AR "
-                     f"{number('ar_tokens_per_s', '.1f')} tok/s = {number('speedup_vs_ar_at_recommended_gamma', '.2f')}x"
-                     f"{interval('speedup_vs_ar_at_recommended_gamma_interval')}, alpha "
-                     f"{number('alpha_at_recommended_gamma')}, mean accepted length "
-                     f"{number('mean_accepted_length_at_recommended_gamma', '.2f')}")
-    elif summary.get("speedup_vs_ar_after") is not None:
-        lines.append(f"speed at gamma {summary.get('eval_gamma', '?')}, on {speed_prompts}: speculative "
-                     f"{number('spec_tokens_per_s_after', '.1f')} tok/s vs AR {number('ar_tokens_per_s', '.1f')} tok/s = "
-                     f"{number('speedup_vs_ar_after', '.2f')}x{interval('speedup_vs_ar_after_interval')} "
-                     f"(recommended gamma: {summary.get('recommended_gamma')})")
-    warning = not_worth_serving(summary)
-    if warning:
-        lines.append(f"NOT WORTH SERVING: {warning}")
-    if "train_validation_acceptance_end" in summary:
+    evaluated = summary.get("eval")
+    if evaluated:
+        before, after = evaluated["before"], evaluated["after"]
+        lines += [f"held-out acceptance, {evaluated['prompts']} prompts, gamma {evaluated['gamma']}, "
+                  f"[95% interval over prompts]:",
+                  f"  per-token acceptance = accepted/tested: {_number(before['token_acceptance'])} -> "
+                  f"{_number(after['token_acceptance'])}{_interval(after['token_acceptance_interval'])}",
+                  f"  alpha = accepted/drafted (what vLLM and llama.cpp count): {_number(before['alpha'])} -> "
+                  f"{_number(after['alpha'])}{_interval(after['alpha_interval'])}",
+                  f"  mean accepted length {_number(after['mean_accepted_length'], '.2f')} tokens/round"]
+        costs = evaluated.get("step_costs")
+        if costs:
+            gamma = evaluated["recommended_gamma"]
+            lines.append(f"step costs at {costs['context']} tokens of context: draft c = {costs['c']:.3f}, verify "
+                         f"v({gamma}) = {costs['v'][str(gamma)]:.2f} of one AR step; recommended gamma {gamma}")
+        speed = evaluated.get("speed")
+        if speed and speed["speedup"] is not None:
+            lines.append(f"speed at gamma {speed['gamma']} on {speed['prompts']} prompts one request at a time, AR "
+                         f"interleaved: {_number(speed['tokens_per_s'], '.1f')} vs AR "
+                         f"{_number(speed['ar_tokens_per_s'], '.1f')} tok/s = {speed['speedup']:.2f}x"
+                         f"{_interval(speed['speedup_interval'], '.2f')} (predicted "
+                         f"{_number(speed['predicted_speedup'], '.2f')}x from c, v and acceptance)")
+        if evaluated.get("verdict"):
+            lines.append(f"NOT RECOMMENDED: {evaluated['verdict']}")
+    trained = summary.get("train")
+    if trained and trained.get("validation_acceptance_end") is not None:
         lines.append(f"expected acceptance sum(min(p, q)) on validation answers during training: "
-                     f"{number('train_validation_acceptance_start')} -> {number('train_validation_acceptance_end')}")
+                     f"{_number(trained.get('validation_acceptance_start'))} -> "
+                     f"{_number(trained['validation_acceptance_end'])}")
     stages = summary.get("stage_seconds", {})
     lines.append("time per stage: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in stages.items()))
-    if "draft_path" in summary:
-        lines.append(f"draft: {Path(summary['draft_path']).resolve()}")
-    if "export_path" in summary:
-        lines.append(f"export: {Path(summary['export_path']).resolve()}")
+    if trained:
+        lines.append(f"draft: {Path(trained['draft_path']).resolve()}")
+    if summary.get("export"):
+        lines.append(f"export: {Path(summary['export']['export_path']).resolve()}"
+                     + ("" if summary["export"]["evaluated"] else " (exported without an eval of this draft)"))
     lines.append(f"summary: {(run_dir / 'summary.json').resolve()}")
     return "\n".join(lines)
+
+
+def _number(value, spec=".3f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def _interval(bounds, spec=".3f") -> str:
+    return f" [{bounds[0]:{spec}}, {bounds[1]:{spec}}]" if bounds else ""

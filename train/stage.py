@@ -8,6 +8,8 @@ import copy
 from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.files import published
+from decode.models import content_fingerprint
+from decode.results import TrainResult, forget_draft_results
 from distill.config import DomainConfig, GenerateConfig
 from distill.data import DomainPrompts, examples_from_records
 from distill.on_policy import OnPolicySampler
@@ -18,9 +20,9 @@ from train.recipe import DistillationRecipe
 
 
 def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, generate: GenerateConfig,
-              decode: DecodeConfig, prompts: DomainPrompts) -> dict:
-    """-> summary entries (steps, loss, validation acceptance during training, the draft's path)."""
-    answers, summary = target_answers(ctx, domain, generate, prompts, create=False)
+              decode: DecodeConfig, prompts: DomainPrompts) -> TrainResult:
+    """Trains, saves the draft (making the records of the previous draft stale) -> the stage's record."""
+    answers, _ = target_answers(ctx, domain, generate, decode, prompts, create=False)
     train_examples = examples_from_records(answers["train"], method.max_length)
     validation_examples = examples_from_records(answers["validation"], method.max_length)
     draft = copy.deepcopy(ctx.pair.draft).float().train()
@@ -29,7 +31,6 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
         kept = most_probable_tokens(target_mass(train_examples), method.prune_vocab, _always_kept_tokens(ctx),
                                     ctx.pair.vocab_size)
         draft.config.draft_vocab = kept
-        summary["draft_vocab_size"] = len(kept)
     if not method.train_embeddings:
         draft.get_input_embeddings().requires_grad_(False)
         draft.get_output_embeddings().requires_grad_(False)
@@ -41,14 +42,14 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
                                 train_examples, validation_examples, ctx.run_dir / "checkpoints", ctx.accelerator,
                                 ctx.tracker, decode.sampling(), kept, on_policy)
     history = recipe.train()
-    summary.update({f"train_{key}": value for key, value in history.items()})
-    summary["train_examples"] = len(train_examples)
     _save_draft(ctx, recipe.trained_draft())
-    summary["draft_path"] = str(ctx.draft_dir)
+    forget_draft_results(ctx.run_dir)
+    result = TrainResult(draft_path=str(ctx.draft_dir), draft_fingerprint=content_fingerprint(ctx.draft_dir),
+                         examples=len(train_examples), draft_vocab_size=len(kept) if kept else None, **history)
     ctx.tracker.log_model(ctx.draft_dir, f"draft-{domain.name}-{method.name}",
-                          {"domain": domain.name, "method": method.name, "train_steps": history.get("steps"),
-                           "validation_acceptance_end": history.get("validation_acceptance_end")})
-    return summary
+                          {"domain": domain.name, "method": method.name, "train_steps": result.steps,
+                           "validation_acceptance_end": result.validation_acceptance_end})
+    return result
 
 
 def _always_kept_tokens(ctx: RunContext) -> list[int]:

@@ -58,19 +58,10 @@ def _import_wandb():
     return wandb
 
 
-def _has_wandb_credentials() -> bool:
-    """Whether online W&B would find credentials (WANDB_API_KEY, an identity token file, ~/.netrc from
-    `wandb login`, the settings file), looked up the way wandb.init does it without prompting,
-    printing anything or calling the server. The key itself is never read out here."""
-    try:
-        from wandb.sdk import wandb_setup
-        from wandb.sdk.lib import wbauth
-    except ImportError:  # a wandb without this module: let wandb.init report missing credentials itself
-        return True
-    settings = wandb_setup.singleton().settings
-    host = wbauth.HostUrl(settings.base_url, app_url=settings.app_url)
-    found = wbauth.authenticate_session(host=host, source="specdraft", prompt=False, update_session=False)
-    return found is not None
+def _has_wandb_credentials(wandb) -> bool:
+    """Whether online W&B finds credentials (WANDB_API_KEY, an identity token file, ~/.netrc from `wandb login`,
+    the settings file), through wandb's public login without prompting or calling the server."""
+    return bool(wandb.login(prompt=False, verify=False))
 
 
 class Tracker:
@@ -91,7 +82,7 @@ class Tracker:
             self.mode = "disabled"
             return
 
-        if self.mode == "online" and not _has_wandb_credentials():
+        if self.mode == "online" and not _has_wandb_credentials(self._wandb):
             raise ConfigError(
                 "logger=online needs a W&B login, and none was found: run `wandb login` or set "
                 "WANDB_API_KEY, or log offline with logger=wandb (upload later with `wandb sync`) "

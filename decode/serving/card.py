@@ -9,53 +9,29 @@ from pathlib import Path
 
 import yaml
 
-
-def not_worth_serving(summary: dict) -> str | None:
-    """A plain sentence when the eval measured this draft slower than the target alone at its best gamma."""
-    speedup = summary.get("speedup_vs_ar_at_recommended_gamma")
-    if speedup is None or speedup >= 1.0:
-        return None
-    return (f"speculative decoding with this draft measured {speedup:.2f}x autoregressive at its recommended "
-            f"gamma {summary.get('recommended_gamma')}: serve the target without this draft")
+from decode.results import EvalResult, GenerateResult, TrainResult
 
 
-def model_card(record: dict, summary: dict, config: dict) -> str:
-    """record: the export's paths, gamma and flags; summary: the run's figures; config: the resolved settings."""
-    domain, generate, method, decode = config["domain"], config["generate"], config["method"], config["decode"]
+def model_card(record: dict, evaluated: EvalResult | None, trained: TrainResult | None,
+               generated: GenerateResult | None, config: dict) -> str:
+    """record: the export's paths, gamma and flags; evaluated / trained / generated: the records of this draft's
+    eval, training and data (None when absent); config: the resolved settings."""
+    domain, generate, method = config["domain"], config["generate"], config["method"]
     flags = record["flags"]
-
-    def figure(key: str) -> str:
-        value = summary.get(key)
-        return f"{value:.3f}" if isinstance(value, (int, float)) else "-"
-
-    def interval(key: str) -> str:
-        bounds = summary.get(f"{key}_interval")
-        return f" [{bounds[0]:.3f}, {bounds[1]:.3f}]" if bounds else ""
-
-    warning = not_worth_serving(summary)
-    lines = [
-        f"# Draft model for speculative decoding: {domain['name']}", "",
-        *([f"**Not worth serving as measured: {warning}.**", ""] if warning else []),
+    lines = [f"# Draft model for speculative decoding: {domain['name']}", ""]
+    if evaluated is not None and evaluated.verdict:
+        lines += [f"**Not recommended as measured: {evaluated.verdict}.**", ""]
+    lines += [
         f"- target: `{config['pair']['target']['path']}`",
-        f"- domain: {domain['name']} (prompts: {domain['source']}{', ' + str(domain['path']) if domain['path'] else ''}; "
-        f"{summary.get('train_answers', '?')} target answers for training, "
-        f"{summary.get('validation_answers', '?')} for validation)",
-        f"- data: the target's own answers through its chat template, sampled at temperature "
-        f"{generate['temperature']}, top-p {generate['top_p']}, up to {generate['max_new_tokens']} tokens",
-        f"- method: {method['name']}, loss {method['loss']}, lr {method['lr']}, {summary.get('train_steps', '?')} steps"
+        f"- domain: {domain['name']} (prompts: {domain['source']}{', ' + str(domain['path']) if domain['path'] else ''}"
+        + (f"; {generated.train_answers} target answers for training, {generated.validation_answers} for validation)"
+           if generated else ")"),
+        f"- data: the target's own answers through its chat template, up to {generate['max_new_tokens']} tokens",
+        f"- method: {method['name']}, loss {method['loss']}, lr {method['lr']}"
+        + (f", {trained.steps} steps" if trained else "")
         + (f", LoRA r={method['lora']['r']} (merged)" if method.get("lora") else ""),
         f"- draft vocabulary: {record['draft_vocab_size'] or 'full'}",
-        f"- held-out acceptance on {summary.get('eval_prompts', '?')} {domain['name']} prompts (speculative decoding "
-        f"at temperature {decode['temperature']}, gamma {decode['gamma']}; 95% intervals over prompts): alpha = "
-        f"accepted/drafted {figure('alpha_before')} before training, {figure('alpha_after')}"
-        f"{interval('alpha_after')} after; per-token acceptance {figure('token_acceptance_before')} -> "
-        f"{figure('token_acceptance_after')}{interval('token_acceptance_after')}",
-        f"- recommended gamma: {record['gamma']}" + (
-            f" (the most tokens per second for this draft's acceptance and measured step cost c = "
-            f"{figure('draft_cost_ratio')}; there alpha = {figure('alpha_at_recommended_gamma')}, "
-            f"speculative decoding {figure('speedup_vs_ar_at_recommended_gamma')}x autoregressive"
-            f"{interval('speedup_vs_ar_at_recommended_gamma')})"
-            if summary.get("speedup_vs_ar_at_recommended_gamma") else ""), "",
+        *_eval_lines(evaluated, record["gamma"]), "",
         "## Serving", "", "vLLM:", "", "```", _command(flags["vllm"]), "```", "", "SGLang:", "", "```",
         _command(flags["sglang"]), "```", ""]
     if "llama_cpp" in flags:
@@ -68,6 +44,36 @@ def model_card(record: dict, summary: dict, config: dict) -> str:
     lines += ["## Provenance", "", f"- git commit: {_git_commit()}", f"- command line: `{_command(sys.argv)}`", "",
               "Resolved configuration:", "", "```yaml", yaml.safe_dump(config, sort_keys=False).rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
+    if evaluated is None:
+        return [f"- not evaluated: this draft was exported without an eval of its own; gamma {gamma} is the "
+                f"configured decode.gamma (run stages=[eval,export] export.overwrite=true for measured figures)"]
+    before, after = evaluated.before, evaluated.after
+    lines = [f"- held-out acceptance on {evaluated.prompts} {'prompts'} (speculative decoding at gamma "
+             f"{evaluated.gamma}; 95% intervals over prompts): per-token acceptance {_figure(before['token_acceptance'])}"
+             f" before training, {_figure(after['token_acceptance'])}{_interval(after['token_acceptance_interval'])} "
+             f"after; alpha = accepted/drafted {_figure(before['alpha'])} -> {_figure(after['alpha'])}"
+             f"{_interval(after['alpha_interval'])}"]
+    if evaluated.step_costs:
+        costs = evaluated.step_costs
+        lines.append(f"- recommended gamma: {gamma} (the most tokens per second for this acceptance and the step "
+                     f"costs measured at export time: draft c = {costs['c']:.3f}, verify v({gamma}) = "
+                     f"{costs['v'][str(gamma)]:.2f} AR steps)")
+    speed = evaluated.speed
+    if speed and speed["speedup"] is not None:
+        lines.append(f"- speed at gamma {speed['gamma']}: {speed['speedup']:.2f}x our autoregressive decoding"
+                     f"{_interval(speed['speedup_interval'], '.2f')} (predicted {_figure(speed['predicted_speedup'], '.2f')}x)")
+    return lines
+
+
+def _figure(value, spec=".3f") -> str:
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def _interval(bounds, spec=".3f") -> str:
+    return f" [{bounds[0]:{spec}}, {bounds[1]:{spec}}]" if bounds else ""
 
 
 def _engine_lines(engine: dict) -> list[str]:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import asdict
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM
@@ -23,8 +24,9 @@ from decode.context import RunContext
 from decode.errors import ExportError, ExportMismatch
 from decode.files import published
 from decode.models import ModelSpec, load_model, locate, model_source
+from decode.results import EvalResult, ExportResult, GenerateResult, TrainResult
 from decode.sampling import SamplingParams
-from decode.serving.card import model_card, not_worth_serving
+from decode.serving.card import model_card
 from decode.serving.engines import ServingTarget, serving_flags, write_serving_files
 from decode.serving.formats import check_tokenizer, serving_copy
 from decode.serving.gguf import rounded_as_written, write_gguf
@@ -39,21 +41,23 @@ def export_destination(ctx: RunContext, settings: ExportConfig) -> Path:
 
 
 def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, verify_prompt_ids: list[list[int]],
-               verify_max_new_tokens: int, config: dict) -> dict:
+               verify_max_new_tokens: int, config: dict, evaluated: EvalResult | None, trained: TrainResult | None,
+               generated: GenerateResult | None, draft_fingerprint: str) -> ExportResult | None:
     """Writes the export of the run's trained draft; `config` (plain data) goes into the model card.
 
-    Returns the summary entries: export_path, export_gamma, serving (the flags), export_round_trip.
+    `evaluated` is the eval of this very draft (None when it has none: the export then serves at decode.gamma and
+    its card says it was not evaluated); `trained` and `generated` describe how it was made.
     """
     draft_spec = ctx.trained_draft_spec()
     destination = export_destination(ctx, settings)
     if destination.exists() and not settings.overwrite:
         raise ExportError(f"{destination} exists; set export.overwrite=true to replace it")
     if not ctx.is_main_process:
-        return {}
+        return None
     target_dir, target_gguf = locate(ctx.target_spec)
     target_gguf = Path(target_dir, target_gguf) if target_gguf else None
     serving_target = ServingTarget(_serving_target_path(ctx.target_spec), str(target_gguf) if target_gguf else None)
-    gamma = ctx.known.get("recommended_gamma") or decode.gamma  # the eval stage measured it
+    gamma = (evaluated.recommended_gamma if evaluated else None) or decode.gamma
     with published(destination, directory=True) as staging:
         draft = serving_copy(load_model(ModelSpec(path=draft_spec.path, dtype=draft_spec.dtype, device="cpu")))
         draft.save_pretrained(staging / "draft")
@@ -71,19 +75,32 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
             if gguf_path is not None and target_gguf is not None and settings.engine_check:
                 checks["engine"] = engine_check(ServerSpec(str(target_gguf), str(gguf_path), gamma=decode.gamma),
                                                 verify_ids, verify_max_new_tokens, ctx.run_dir / "engine_check.log",
-                                                ctx.known.get("token_acceptance_after"))
+                                                evaluated.token_acceptance if evaluated else None)
         engine = checks.get("engine", {})
         flags = serving_flags(serving_target, destination / "draft",
                               destination / "draft.gguf" if gguf_path else None, gamma, engine.get("gamma"))
-        warning = not_worth_serving(ctx.known)
+        warning = evaluated.verdict if evaluated else None
         write_serving_files(staging / "serving", flags, warning, engine_warning(engine))
-        record = {"export_path": str(destination), "gamma": gamma, "flags": flags, "round_trip": checks,
-                  "worth_serving": warning is None,
+        result = ExportResult(draft_fingerprint=draft_fingerprint, export_path=str(destination), gamma=gamma,
+                              evaluated=evaluated is not None, flags=flags, round_trip=checks)
+        record = {**asdict(result), "worth_serving": warning is None if evaluated else None,
+                  "step_costs": serving_step_costs(evaluated, engine, gamma),
                   "draft_vocab_size": len(draft.config.draft_vocab) if getattr(draft.config, "draft_vocab", None)
                   else None}
         (staging / "export.json").write_text(json.dumps(record, indent=2) + "\n")
-        (staging / "README.md").write_text(model_card(record, ctx.known, config))
-    return {"export_path": str(destination), "export_gamma": gamma, "serving": flags, "export_round_trip": checks}
+        (staging / "README.md").write_text(model_card(record, evaluated, trained, generated, config))
+    return result
+
+
+def serving_step_costs(evaluated: EvalResult | None, engine: dict, gamma: int) -> dict | None:
+    """The step costs of the engine this export is most likely served by, for the monitor's break-even
+    threshold: llama.cpp's own (llama-bench) when the engine check measured them, else our decoder's."""
+    if "c" in engine:
+        return {"engine": "llama.cpp", "gamma": engine["gamma"], "c": engine["c"], "v": engine["v"]}
+    if evaluated is not None and evaluated.step_costs:
+        costs = evaluated.step_costs
+        return {"engine": "decoder", "gamma": gamma, "c": costs["c"], "v": costs["v"]}
+    return None
 
 
 def _serving_target_path(target_spec: ModelSpec) -> str:

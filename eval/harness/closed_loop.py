@@ -28,6 +28,7 @@ from typing import List, Optional
 
 import hydra
 from hydra.core.config_store import ConfigStore
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
 from decode.cli import CONFIG_PATH, register_help
@@ -36,7 +37,7 @@ from decode.files import point_symlink, write_json
 from decode.models import load_tokenizer, locate
 from decode.pair import encode_chat
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec
-from distill.config import DomainConfig
+from distill.domains import domain_config
 from eval.monitor import watch as monitor
 from eval.monitor.config import MonitorConfig
 from eval.monitor.sources import parse_time
@@ -51,18 +52,21 @@ log = logging.getLogger(__name__)
 class LoopConfig:
     phases: List[ReplayPhase] = field(default_factory=list)
     requests_per_window: int = 6
-    window_s: int = 3600
     start: str = "2026-01-01T00:00:00Z"
     prompts: Optional[str] = None  # a JSONL of {"domain", "prompt"} lines; None: the shipped held-out prompts
     max_new_tokens: int = 48
     threads: int = 2
     binary: Optional[str] = None
-    output_dir: str = "outputs/closed_loop"  # the request log, server logs, the monitor's state, closed_loop.json
+    output_dir: Optional[str] = None  # the request log, server logs, the monitor's state, closed_loop.json;
+    # None: Hydra's run directory, outputs/closed_loop/<time>
 
 
 @dataclass
 class ClosedLoopCommand(MonitorConfig):
-    """The monitor's settings (state_dir, threshold, retrain_command, promotion, pair, decode...) and the loop's."""
+    """The monitor's settings (threshold, window_s, retrain_command, promotion, pair, decode...) and the loop's; the
+    monitor's state lives in <loop.output_dir>/monitor."""
+
+    min_drafted: int = 100  # a loop's windows are a few requests each
 
     loop: LoopConfig = field(default_factory=LoopConfig)
 
@@ -124,7 +128,7 @@ class ServedLoop:
         before = spec_counters(self.server.metrics_text())
         with self.request_log.open("a", encoding="utf-8") as log_file:
             for number, (at, domain, prompt) in enumerate(requests):
-                prompt_ids = encode_chat(self.tokenizer, prompt, DomainConfig(name=domain).system_prompt)
+                prompt_ids = encode_chat(self.tokenizer, prompt, domain_config(domain).system_prompt)
                 reply = self.server.complete(prompt_ids, loop.max_new_tokens, temperature=decode.temperature,
                                              top_k=decode.top_k, top_p=decode.top_p, seed=window * 1000 + number)
                 log_file.write(json.dumps({"timestamp": at, "domain": domain, "prompt": prompt,
@@ -142,8 +146,14 @@ class ServedLoop:
 
     def run_monitor(self, now: float) -> monitor.RunOutcome:
         started = time.monotonic()
-        settings = replace(self.config, request_logs=[str(self.request_log)], now=str(now))
+        settings = replace(self.config, request_logs=[str(self.request_log)], now=str(now),
+                           state_dir=str(self.output_dir / "monitor"))
         outcome = monitor.run(settings)
+        if outcome.retrains:  # a retrain runs as a job of its own: simulated time waits for it, then the gate runs
+            monitor.wait_for_retrains(settings)
+            finished = monitor.run(settings)
+            outcome.retrains.update(finished.retrains)
+            outcome.gates.update(finished.gates)
         figures = {"judged": [f"{w.domain} {'-' if w.alpha is None else f'{w.alpha:.3f}'} {w.status}"
                               for w in outcome.windows],
                    "alerts": outcome.alerts, "retrains": {d: r.exit_code for d, r in outcome.retrains.items()},
@@ -177,7 +187,7 @@ def run_loop(config: ClosedLoopCommand, output_dir: Path) -> dict:
                           "to the export serving now")
     check_current(config.promotion)
     requests = traffic(ReplayConfig(phases=loop.phases, requests_per_window=loop.requests_per_window,
-                                    window_s=loop.window_s, start=loop.start, prompts=loop.prompts))
+                                    window_s=config.window_s, start=loop.start, prompts=loop.prompts))
     start = parse_time(loop.start)
     output_dir.mkdir(parents=True, exist_ok=True)
     served = ServedLoop(config, output_dir)
@@ -185,10 +195,10 @@ def run_loop(config: ClosedLoopCommand, output_dir: Path) -> dict:
     try:
         served.start_server()
         for window in range(windows):
-            window_start = start + window * loop.window_s
-            served.serve_window(window, [r for r in requests if window_start <= r[0] < window_start + loop.window_s])
+            window_start = start + window * config.window_s
+            served.serve_window(window, [r for r in requests if window_start <= r[0] < window_start + config.window_s])
             champion = served.current.resolve()
-            served.run_monitor(window_start + loop.window_s + 1)
+            served.run_monitor(window_start + config.window_s + 1)
             served.follow_current(champion)
     finally:
         served.stop_server()
@@ -212,7 +222,7 @@ register_help("closed_loop", __doc__)
 @hydra.main(config_path=CONFIG_PATH, config_name="closed_loop", version_base=None)
 def main(cfg: DictConfig) -> None:
     config: ClosedLoopCommand = OmegaConf.to_object(cfg)
-    output_dir = Path(config.loop.output_dir)
+    output_dir = Path(config.loop.output_dir or HydraConfig.get().runtime.output_dir)
     try:
         result = run_loop(config, output_dir)
     except SpecdraftError as error:

@@ -3,7 +3,8 @@ windows: 4}]' [key=value ...]
 
 Production traffic, replayed: each phase sends `requests_per_window` prompts of its domain in each of its windows,
 one at a time through the pair's speculative decoder, and appends one request-log line per request, as a gateway
-logs them: {"timestamp", "domain", "prompt", "drafted", "accepted"}. Timestamps are spread evenly inside each
+logs them: {"timestamp", "domain", "prompt", "drafted", "accepted", "rejected"} (rejected: the rounds whose
+acceptance test failed, from which the monitor computes per-token acceptance exactly). Timestamps are spread evenly inside each
 window from `start` on, so the monitor can judge the log with now= set after it. Prompts are each domain's
 held-out prompts (or those of replay.prompts), taken in order and reused when they run out.
 """
@@ -25,7 +26,7 @@ from decode.cli import CONFIG_PATH, register_help
 from decode.config import DecodeConfig, PairConfig
 from decode.errors import ConfigError, SpecdraftError
 from decode.pair import ModelPair, load_pair
-from distill.config import DomainConfig
+from distill.domains import domain_config
 from eval.config import ReportConfig
 from eval.monitor.sources import parse_time
 from eval.report import prompts_by_domain
@@ -93,10 +94,10 @@ def replay(pair: ModelPair, decode: DecodeConfig, settings: ReplayConfig, seed: 
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("a", encoding="utf-8") as log_file:
         for number, (at, domain, prompt) in enumerate(tqdm(traffic(settings), desc="replay", unit="request")):
-            prompt_ids = pair.encode_chat([prompt], DomainConfig(name=domain).system_prompt)
+            prompt_ids = pair.encode_chat([prompt], domain_config(domain).system_prompt)
             metrics = decoder.generate(prompt_ids, settings.max_new_tokens, sampling, policy, seed=seed + number).metrics
             line = {"timestamp": at, "domain": domain, "prompt": prompt, "drafted": metrics.drafted,
-                    "accepted": metrics.accepted}
+                    "accepted": metrics.accepted, "rejected": metrics.rejected}
             log_file.write(json.dumps(line) + "\n")
             log_file.flush()  # a line at a time, as a gateway writes them
             lines.append(line)

@@ -44,7 +44,7 @@ from decode.serving.formats import serving_copy
 from decode.serving.gguf import OUTTYPES, write_gguf
 from decode.speculative import GammaPolicy
 from decode.serving.llama_server import Completion, LlamaServer, ServerSpec, find_binary
-from distill.config import DomainConfig
+from distill.domains import domain_config
 from eval.config import ReportConfig
 from eval.monitor.sources import Problems, counter_readings, parse_exposition
 from eval.report import prompts_by_domain
@@ -135,7 +135,7 @@ def served_drafts(pair: ModelPair, settings: ServingBenchConfig, tokenizer_gguf:
 
 def spec_counters(text: str) -> dict[str, float]:
     """llama-server's drafted, accepted and rounds (drafts) counters from one /metrics scrape."""
-    samples, _ = parse_exposition(text)
+    samples = parse_exposition(text)
     readings = counter_readings(samples, 0.0, "llama-server", Problems())
     drafted = sum(reading.drafted for reading in readings.values())
     accepted = sum(reading.accepted for reading in readings.values())
@@ -178,7 +178,7 @@ def decoder_alpha(pair: ModelPair, model: torch.nn.Module, prompt_ids: list[list
 def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchConfig, output_dir: Path,
               seed: int) -> dict:
     prompts = prompts_by_domain(ReportConfig(domains=settings.domains, max_prompts=settings.max_prompts))
-    prompt_ids = {domain: pair.encode_chat(texts, DomainConfig(name=domain).system_prompt)
+    prompt_ids = {domain: pair.encode_chat(texts, domain_config(domain).system_prompt)
                   for domain, texts in prompts.items()}
     binary = find_binary(settings.binary)
     gguf_dir = output_dir / "gguf"

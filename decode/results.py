@@ -1,0 +1,139 @@
+"""What each stage of a run produced, as typed records in <run_dir>/results/<stage>.json.
+
+A later stage loads the records it needs instead of reading loose figures. The records that describe a draft
+carry its fingerprint (decode.models.content_fingerprint of the draft directory): a record made for another
+draft is stale, and loading it for the current one gives None, so a retrained draft is never exported with
+the figures of the draft before it. summary.json, the user-facing roll-up, is rebuilt from these records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Optional, TypeVar
+
+from decode.files import write_json
+
+log = logging.getLogger(__name__)
+
+RESULTS_DIR = "results"
+FORMAT_VERSION = 1
+
+
+@dataclass
+class GenerateResult:
+    """The target's answers the draft trains and is validated on (in the answer cache)."""
+
+    train_data: str
+    validation_data: str
+    train_answers: int
+    validation_answers: int
+    autocast: Optional[str] = None  # the precision of the target's forwards, when this run generated them
+    autocast_speedup: Optional[float] = None
+
+
+@dataclass
+class TrainResult:
+    draft_path: str
+    draft_fingerprint: str
+    steps: int
+    examples: int
+    final_loss: float
+    autocast: str
+    autocast_speedup: Optional[float] = None
+    # sum(min(p, q)) on the validation answers, before and after (start: None on a resumed run)
+    validation_acceptance_start: Optional[float] = None
+    validation_acceptance_end: Optional[float] = None
+    draft_vocab_size: Optional[int] = None  # None: the full vocabulary
+    on_policy_samples: int = 0
+    on_policy_seconds: float = 0.0
+
+
+@dataclass
+class EvalResult:
+    """Held-out acceptance before and after training, the step costs, and the speed at the recommended gamma.
+
+    `before`, `after` and `speed` are figures of eval.acceptance.figures (alpha, token_acceptance, intervals,
+    speedup, predicted_speedup, ...); `verdict` is None when the draft pays, else the sentence to act on."""
+
+    draft_fingerprint: str
+    prompts: int
+    gamma: int  # of the acceptance passes
+    before: dict
+    after: dict
+    step_costs: Optional[dict]  # decode.step_costs.StepCosts.to_dict()
+    recommended_gamma: Optional[int]
+    speed: Optional[dict]  # the speed prompts one request at a time at the recommended gamma, AR interleaved
+    verdict: Optional[str] = None
+
+    @property
+    def token_acceptance(self) -> Optional[float]:
+        return self.after.get("token_acceptance")
+
+
+@dataclass
+class ExportResult:
+    draft_fingerprint: str
+    export_path: str
+    gamma: int
+    evaluated: bool  # whether an eval of this very draft stood behind the gamma and the figures
+    flags: dict = field(default_factory=dict)
+    round_trip: dict = field(default_factory=dict)
+
+
+STAGE_RESULTS = {"generate": GenerateResult, "train": TrainResult, "eval": EvalResult, "export": ExportResult}
+# what a new draft makes stale
+DEPENDS_ON_DRAFT = ("eval", "export")
+
+Result = TypeVar("Result")
+
+
+def result_path(run_dir: Path, stage: str) -> Path:
+    return Path(run_dir) / RESULTS_DIR / f"{stage}.json"
+
+
+def stage_name(result) -> str:
+    return next(name for name, kind in STAGE_RESULTS.items() if isinstance(result, kind))
+
+
+def save_result(run_dir: Path, result) -> None:
+    write_json(result_path(run_dir, stage_name(result)), {"version": FORMAT_VERSION, **asdict(result)})
+
+
+def load_result(run_dir: Path, kind: type[Result], draft_fingerprint: Optional[str] = None) -> Optional[Result]:
+    """The stage's record, or None when there is none, it is of another format, or (with draft_fingerprint)
+    it describes another draft."""
+    stage = next(name for name, known in STAGE_RESULTS.items() if known is kind)
+    path = result_path(run_dir, stage)
+    if not path.is_file():
+        return None
+    data = json.loads(path.read_text())
+    names = {f.name for f in dataclasses.fields(kind)}
+    if data.pop("version", None) != FORMAT_VERSION or not set(data) <= names:
+        log.warning("%s is of another format: ignored", path)
+        return None
+    result = kind(**data)
+    if draft_fingerprint is not None and getattr(result, "draft_fingerprint", None) != draft_fingerprint:
+        log.info("%s describes another draft than %s's: ignored", path, stage)
+        return None
+    return result
+
+
+def forget_draft_results(run_dir: Path) -> None:
+    """A new draft was saved: the records made for the previous one go."""
+    for stage in DEPENDS_ON_DRAFT:
+        result_path(run_dir, stage).unlink(missing_ok=True)
+
+
+def roll_up(run_dir: Path, identity: dict, stage_seconds: dict) -> dict:
+    """summary.json: what the run is (domain, method, run_dir) and every stage's current record."""
+    summary = dict(identity)
+    for stage, kind in STAGE_RESULTS.items():
+        result = load_result(run_dir, kind)
+        if result is not None:
+            summary[stage] = asdict(result)
+    summary["stage_seconds"] = stage_seconds
+    return summary
