@@ -36,6 +36,7 @@ class EvalReportCommand:
 
 
 ConfigStore.instance().store(name="eval_report_schema", node=EvalReportCommand)
+register_help("eval", __doc__)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="eval", version_base=None)

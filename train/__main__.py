@@ -1,4 +1,25 @@
-"""python -m train +domain=code [method=lora] [stages=[eval]] ... ; the last line printed is the run directory."""
+"""python -m train +domain=<code|math|translation|chat|summarization> [key=value ...]   (also: specdraft-train)
+
+Makes a draft for speculative decoding, in four stages, each runnable alone (stages=[eval,export]):
+  generate  the target answers the domain's prompts through its chat template; its top-k log-probabilities
+            are recorded (cached under $SPECDRAFT_CACHE, default ~/.cache/specdraft)
+  train     the draft (pair.draft: derived from the target's first layers, a path, or fresh) learns them:
+            method=distill (default) or method=lora; checkpoints, resume, W&B (logger=wandb offline by default)
+  eval      per-token acceptance and alpha on held-out prompts, the step costs, the recommended gamma, speed vs AR
+  export    HF safetensors + GGUF + vLLM / SGLang / llama.cpp commands + a model card, checked by reading back
+
+Each stage leaves a record in <run_dir>/results/; summary.json rolls them up. The run directory is
+outputs/<domain>/<method>-<hash of what shapes the draft> (run_dir=... names it): running the same command
+again resumes. Examples:
+  python -m train +domain=code
+  python -m train +domain=math method=lora pair.target.path=Qwen/Qwen2.5-7B-Instruct pair.draft.path=Qwen/Qwen2.5-0.5B-Instruct
+  python -m train +domain=code domain.source=jsonl domain.path=prompts.jsonl stages=[generate,train,eval]
+  python -m train +domain=code +debug=tiny          # a whole run in seconds on a tiny random pair
+
+The last line printed is the run directory. Exit codes: 0 done; 2 a configuration or input error (one line,
+`error: ...`, saying what to change); 3 training diverged (NaN or infinite loss or gradient); 4 the exported draft
+read back decodes differently from the trained one (nothing published).
+"""
 
 import sys
 
@@ -16,8 +37,6 @@ from train.pipeline import Pipeline, format_summary, run_directory, validate
 from train.tracking import Tracker, scrub_secrets
 
 train_config.register()
-
-
 register_help("train", __doc__)
 
 
