@@ -1,11 +1,21 @@
 """python -m eval [pair.draft.path=PATH | eval.drafts=[A,B,...]] [eval.domains=[code,math]] [key=value ...]
+(also: specdraft-eval)
 
-Measures drafts against their target inside the speculative decoder, on the held-out prompts of each domain,
-with AR decoded on the same prompts for the speedup. Writes report.json, report.md, alpha_by_domain.png and
-acceptance_by_position.png to eval.output_dir (default: outputs/eval/<time>); the last line printed is that
-directory; with a logger (logger=wandb, the default, offline under that directory), W&B gets the table and the
-plots. A draft is a model directory, an export directory, a hub id or a .gguf file; null in eval.drafts (or no draft path at
-all) is the pair's own draft (pair.draft.derive_layers). A user's error exits with one line `error: ...`.
+Measures drafts against their target inside the speculative decoder, on the held-out prompts of each domain
+(or eval.prompts=requests.jsonl: a file of {"domain", "prompt"} lines; a request log will do), with our AR
+decoded on the same prompts, interleaved, for the speedup. Per domain and pooled: per-token acceptance
+(accepted/tested) and alpha (accepted/drafted) with 95% intervals over prompts, the step costs c and v(gamma)
+timed on this machine, the speedup and the speedup they predict, the recommended gamma, and the speed against
+the strongest AR on the machine (ours, transformers generate, llama.cpp serving the target alone where it is
+installed, on each domain's first eval.baseline_prompts prompts). A domain whose measured speedup its step
+costs cannot explain (a verify cheaper than an AR step, or a speedup above its prediction) is flagged and not
+recommended. With several drafts it names the winner per domain.
+
+A draft is a model directory, an export directory, a hub id or a .gguf file; null in eval.drafts (or no draft
+path at all) is the pair's own draft (pair.draft.derive_layers). Writes report.json, report.md,
+alpha_by_domain.png and acceptance_by_position.png to eval.output_dir (default: outputs/eval/<time>), whose path
+is the last line printed; W&B (logger=wandb, offline, by default) gets the table and the plots. A user's error
+exits with one line `error: ...` (exit code 2).
 """
 
 import sys
