@@ -2,6 +2,7 @@
 their configuration from any directory."""
 
 import os
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -15,9 +16,15 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("wheel")
+    """Built from a copy of the tracked files: the build leaves nothing in the checkout."""
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    tracked = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    for name in tracked:
+        if (ROOT / name).is_file():
+            (source / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, source / name)
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w", str(out),
-                    str(ROOT)], check=True, capture_output=True, timeout=300)
+                    str(source)], check=True, capture_output=True, timeout=300)
     [built] = out.glob("specdraft-*.whl")
     return built
 
