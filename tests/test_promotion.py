@@ -5,6 +5,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -16,32 +17,110 @@ from decode.pair import load_pair
 from distill.config import DomainConfig
 from distill.data import load_domain_prompts, load_prompts
 from eval.monitor.config import MonitorConfig, PromotionConfig
-from eval.monitor.watch import STATE_FILE, run
-from eval.monitor.promotion import GATE_PROMPTS, TRAIN_PROMPTS, decide, is_gate_prompt, promote, split_traffic
+from eval.monitor.watch import STATE_FILE, run, wait_for_retrains
+from eval.monitor.promotion import (GATE_PROMPTS, KEEP, NOT_ENOUGH_EVIDENCE, PROMOTE, TRAIN_PROMPTS, PairedDifference,
+                                    decide, is_gate_prompt, paired_difference, promote, split_traffic)
 
 HOUR = 3600
 T0 = 1_699_999_200  # a window start
 TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
                   draft=ModelSpec(derive_layers=1, dtype="float32", device="cpu"))
-SETTINGS = PromotionConfig(min_gain=0.02, margin=0.05)
+SETTINGS = PromotionConfig(min_gain=0.02, margin=0.08, min_gate_prompts=4)
 
 
-@pytest.mark.parametrize("challenger, promoted", [
-    ({"translation": 0.40, "code": 0.58}, True),  # better where it drifted, code within the margin
-    ({"translation": 0.40, "code": 0.50}, False),  # better where it drifted, but code loses 0.10
-    ({"translation": 0.21, "code": 0.70}, False),  # not better by min_gain where it drifted
+def compared(low: float, high: float, prompts: int = 32) -> PairedDifference:
+    """A domain's paired difference with its interval; the acceptances themselves only feed the reason."""
+    return PairedDifference(0.5, 0.5 + (low + high) / 2, (low + high) / 2, [low, high], prompts)
+
+
+@pytest.mark.parametrize("code, outcome", [
+    ((-0.05, 0.03), PROMOTE),  # code may lose a little, but surely less than the margin
+    ((-0.20, -0.10), KEEP),  # code surely loses more than the margin
+    ((-0.12, 0.00), NOT_ENOUGH_EVIDENCE),  # code may lose more than the margin, or not
 ])
-def test_the_gate_promotes_only_a_challenger_better_where_it_drifted_that_loses_little_elsewhere(challenger, promoted):
-    champion = {"translation": 0.20, "code": 0.60}
-    alpha = {domain: {"champion": champion[domain], "challenger": challenger[domain]} for domain in champion}
-    decision, reason = decide(alpha, "translation", SETTINGS)
-    assert decision is promoted
-    assert ("code" in reason) == (challenger["code"] == 0.50)
+def test_a_challenger_surely_better_where_it_drifted_is_judged_by_how_much_it_may_lose_elsewhere(code, outcome):
+    paired = {"translation": compared(0.05, 0.25), "code": compared(*code)}
+    decision, reason = decide(paired, "translation", SETTINGS)
+    assert decision == outcome
+    assert "code" in reason and ("translation" in reason) == (outcome != KEEP)
 
 
-def test_no_decision_without_a_decoded_round_on_the_drifted_domain():
-    alpha = {"translation": {"champion": None, "challenger": 0.9}}
-    assert decide(alpha, "translation", SETTINGS)[0] is False
+def test_a_challenger_surely_not_better_by_min_gain_where_it_drifted_is_kept_whatever_it_does_elsewhere():
+    paired = {"translation": compared(-0.03, 0.015), "code": compared(0.10, 0.30)}
+    decision, reason = decide(paired, "translation", SETTINGS)
+    assert decision == KEEP and "translation" in reason and "+0.015" in reason
+
+
+@pytest.mark.parametrize("translation, why", [
+    (compared(0.05, 0.25, prompts=3), "3 recent prompts"),  # surely better, on too few prompts
+    (compared(0.00, 0.20), "straddles min_gain"),
+    (PairedDifference(None, 0.9, None, None, 32), "no drafted token was tested"),
+])
+def test_not_enough_evidence_on_too_few_prompts_or_an_interval_that_straddles_min_gain(translation, why):
+    decision, reason = decide({"translation": translation, "code": compared(-0.01, 0.01)}, "translation", SETTINGS)
+    assert decision == NOT_ENOUGH_EVIDENCE and why in reason
+
+
+def test_token_acceptance_is_a_ratio_of_sums_and_the_resamples_draw_the_same_prompts_for_both_drafts():
+    champion = np.array([[3, 3, 0], [3, 0, 1], [3, 1, 1]])  # drafted, accepted, rejected per prompt
+    same = paired_difference(champion, champion.copy(), samples=200, seed=0)
+    assert same.champion == pytest.approx(4 / 6)  # not the mean of the prompts' rates, 0.5
+    assert same.difference == 0 and same.interval == [0.0, 0.0]  # resampled apart, the interval would be wide
+    better = paired_difference(champion, np.array([[3, 3, 0], [3, 2, 1], [3, 3, 0]]), samples=200, seed=0)
+    assert better.challenger == pytest.approx(8 / 9)
+    assert 0 <= better.interval[0] < better.interval[1]  # no worse on any prompt: no resample shows a loss
+
+
+# The gate simulated over many drifts. Per prompt, rounds of GAMMA drafted tokens, each accepted with the prompt's
+# per-token acceptance until the first rejection, until NEW_TOKENS tokens are out (the decoder drafts fewer near
+# the end; here the last round may overshoot). The prompts' acceptance spreads around their domain's level; the
+# challenger decodes the same prompts with draws of its own.
+GAMMA, NEW_TOKENS, PROMPTS_PER_DOMAIN, GATES = 3, 48, 32, 200
+CHAMPION_LEVELS = {"translation": 0.35, "code": 0.65, "chat": 0.55, "math": 0.45}  # translation drifted
+
+
+def simulated_counts(rng: np.random.Generator, acceptance: np.ndarray) -> np.ndarray:
+    """acceptance: [..., prompts] per-token acceptance -> [..., prompts, 3] drafted, accepted, rejected."""
+    passes = rng.random(acceptance.shape + (NEW_TOKENS, GAMMA)) < acceptance[..., None, None]
+    accepted = np.cumprod(passes, axis=-1).sum(-1)  # per round: the tokens before the first rejection
+    emitted = accepted + 1  # and the target's own token: NEW_TOKENS rounds are always enough
+    live = np.cumsum(emitted, axis=-1) - emitted < NEW_TOKENS
+    return np.stack([GAMMA * live.sum(-1), (accepted * live).sum(-1), ((accepted < GAMMA) & live).sum(-1)], -1)
+
+
+def simulated_gates(shift: dict[str, float], seed: int) -> list[tuple[str, str]]:
+    """GATES gates of a challenger whose per-token acceptance is the champion's plus `shift` on each prompt of a
+    domain -> (outcome, reason) per gate, decided with the default settings."""
+    rng = np.random.default_rng(seed)
+    levels = np.array(list(CHAMPION_LEVELS.values()))[None, :, None]
+    prompt_levels = np.clip(levels + rng.normal(0, 0.1, (GATES, len(CHAMPION_LEVELS), PROMPTS_PER_DOMAIN)), 0.02, 0.98)
+    shifts = np.array([shift.get(domain, 0.0) for domain in CHAMPION_LEVELS])[None, :, None]
+    champion = simulated_counts(rng, prompt_levels)
+    challenger = simulated_counts(rng, np.clip(prompt_levels + shifts, 0.02, 0.98))
+    settings = PromotionConfig()
+    return [decide({domain: paired_difference(champion[gate, index], challenger[gate, index],
+                                              settings.bootstrap_samples, seed=0)
+                    for index, domain in enumerate(CHAMPION_LEVELS)}, "translation", settings)
+            for gate in range(GATES)]
+
+
+def outcomes(gates: list[tuple[str, str]]) -> list[str]:
+    return [outcome for outcome, _ in gates]
+
+
+def test_a_challenger_no_better_than_the_champion_is_promoted_in_at_most_5_percent_of_gates():
+    assert outcomes(simulated_gates({}, seed=1)).count(PROMOTE) <= 0.05 * GATES
+
+
+def test_a_challenger_clearly_better_where_it_drifted_is_promoted_in_at_least_90_percent_of_gates():
+    assert outcomes(simulated_gates({"translation": 0.15}, seed=2)).count(PROMOTE) >= 0.9 * GATES
+
+
+def test_a_challenger_better_where_it_drifted_but_much_worse_elsewhere_is_kept():
+    gates = simulated_gates({"translation": 0.15, "code": -0.15}, seed=3)
+    assert PROMOTE not in outcomes(gates)
+    assert outcomes(gates).count(KEEP) >= 0.9 * GATES
+    assert all(reason.startswith("code") for outcome, reason in gates if outcome == KEEP)
 
 
 def test_traffic_is_split_for_good_and_the_gate_never_sees_a_trained_prompt():
@@ -145,28 +224,36 @@ def test_a_drift_retrains_gates_and_promotes_only_a_better_challenger(tmp_path, 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models decode faster without thread hand-offs
     try:
-        outcome = run(config)
+        alerted = run(config)  # starts the retrain, a job of its own
+        wait_for_retrains(config)
+        outcome = run(replace(config, now=str(T0 + 6 * HOUR + 60)))  # sees it succeed and gates its export
     finally:
         torch.set_num_threads(threads)
-    assert outcome.alerts == ["translation"]
+    assert alerted.alerts == ["translation"] and alerted.gates == {}
     gate = outcome.gates["translation"]
     assert gate.promote is promoted
     assert set(gate.alpha) == {"code", "translation"} and all(gate.prompts[d] >= 2 for d in gate.prompts)
-    run_dir = Path(outcome.retrains["translation"].run_dir)
+    run_dir = Path(alerted.retrains["translation"].run_dir)
     expected = run_dir / "export" if promoted else exports["champion"]
     assert current.resolve() == expected.resolve()
     assert (marker.read_text().split() if marker.exists() else []) == ([str(expected.resolve())] if promoted else [])
     if promoted:
         assert gate.alpha["translation"]["challenger"] == 1.0 > gate.alpha["translation"]["champion"]
+        assert gate.difference_interval["translation"][0] >= 0.02
     else:
         assert gate.alpha["translation"]["challenger"] == gate.alpha["translation"]["champion"]
+        assert gate.difference["translation"] == 0 and gate.difference_interval["translation"] == [0.0, 0.0]
+    gate_report = json.loads(Path(gate.report).read_text())["gate"]
+    assert gate_report["outcome"] == gate.outcome == (PROMOTE if promoted else KEEP)
+    assert {domain: figures["interval"] for domain, figures in gate_report["domains"].items()} == \
+        gate.difference_interval
     trained = {json.loads(line)["prompt"] for line in (run_dir / "traffic" / TRAIN_PROMPTS).read_text().splitlines()}
     gated = {json.loads(line)["prompt"] for line in (run_dir / "traffic" / GATE_PROMPTS).read_text().splitlines()}
     assert trained and gated and not trained & gated
     state = json.loads((Path(config.state_dir) / STATE_FILE).read_text())
     assert state["domains"]["translation"]["alert"]["retrain"]["gate"]["promote"] is promoted
 
-    again = run(replace(config, now=str(T0 + 6 * HOUR + 60)))  # one drift: one retrain, one gate
+    again = run(replace(config, now=str(T0 + 6 * HOUR + 120)))  # one drift: one retrain, one gate
     assert again.alerts == [] and again.retrains == {} and again.gates == {}
 
 
@@ -184,10 +271,14 @@ def test_promotion_is_refused_at_start_without_a_current_link_or_a_run_dir_to_re
 def test_the_overrides_the_readme_gives_the_monitor_parse_with_their_placeholders():
     from hydra.core.override_parser.overrides_parser import OverridesParser
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    cron = next(line for line in readme.splitlines() if line.startswith("5 * * * *"))
-    overrides = [arg.strip("'") for arg in cron.split(" ") if arg.startswith(("'retrain_command", "'promotion"))]
+    root = Path(__file__).resolve().parents[1]
+    crons = [line for doc in (root / "README.md", root / "docs" / "monitor.md")
+             for line in doc.read_text().splitlines() if line.startswith("5 * * * *")]
+    assert len(crons) == 2
     parser = OverridesParser.create()
-    values = {override.key_or_group: override.value() for override in map(parser.parse_override, overrides)}
-    assert values["retrain_command"][-3:] == ["+domain={domain}", "domain.extra_prompts={prompts}", "run_dir={run_dir}"]
-    assert values["promotion.reload_command"] == ["systemctl", "restart", "llama-server"]
+    for cron in crons:
+        overrides = [arg.strip("'") for arg in cron.split(" ") if arg.startswith(("'retrain_command", "'promotion"))]
+        values = {override.key_or_group: override.value() for override in map(parser.parse_override, overrides)}
+        assert values["retrain_command"][-3:] == ["+domain={domain}", "domain.extra_prompts={prompts}",
+                                                  "run_dir={run_dir}"]
+        assert values["promotion.reload_command"] == ["systemctl", "restart", "llama-server"]

@@ -3,7 +3,12 @@
 On a 4-token vocabulary the target's distribution over the next 4 tokens has
 256 outcomes that can be computed exactly; 24k speculative samples must pass a
 chi-square test against it, and a wrong acceptance rule must fail the same test.
-Dynamic gamma is tested on 5 new tokens (1024 outcomes) decoded a few rows at a time.
+Dynamic gamma is tested on 5 new tokens (1024 outcomes) decoded a few rows at a
+time; so are forced matmul routes (3 new tokens in batches of 1 to 9 rows, so that
+every few-row product takes its routed kernel). Rows that stop at EOS are tested
+against the distribution over sequences cut at their first EOS, and prompts of
+different lengths in one batch against each prompt's own distribution; each of
+these must also fail for the wrong rule.
 """
 
 import contextlib
@@ -14,6 +19,8 @@ import torch
 from scipy.stats import chisquare
 
 import decode.speculative as speculative
+from decode import matmul_route
+from decode.matmul_route import RouteDecision
 from decode.metrics import DecodeMetrics
 from decode.native import NativeLlamaRunner
 from decode.sampling import SamplingParams, probs_from_logits
@@ -37,17 +44,26 @@ def models():
     return target, draft
 
 
-def exact_distribution(target, sampling, new_tokens=NEW_TOKENS):
-    """{sequence of new_tokens tokens: probability} under the target after the sampling transform."""
-    probabilities = {(): 1.0}
+def exact_distribution(target, sampling, new_tokens=NEW_TOKENS, prompt=PROMPT, eos=()):
+    """{sequence of new tokens: probability} under the target after the sampling transform.
+
+    A sequence ends at its first EOS token (included, as the decoder returns it) or after new_tokens tokens.
+    """
+    finished, unfinished = {}, {(): 1.0}
     for _ in range(new_tokens):
-        prefixes = list(probabilities)
-        ids = torch.tensor([PROMPT + list(prefix) for prefix in prefixes])
+        prefixes = list(unfinished)
+        if not prefixes:
+            break
+        ids = torch.tensor([prompt + list(prefix) for prefix in prefixes])
         with torch.no_grad():
             next_probs = probs_from_logits(target(ids).logits[:, -1], sampling)
-        probabilities = {prefix + (token,): probabilities[prefix] * next_probs[row, token].item()
-                         for row, prefix in enumerate(prefixes) for token in range(VOCAB)}
-    return probabilities
+        extended = {}
+        for row, prefix in enumerate(prefixes):
+            for token in range(VOCAB):
+                ends = finished if token in eos else extended
+                ends[prefix + (token,)] = unfinished[prefix] * next_probs[row, token].item()
+        unfinished = extended
+    return {**finished, **unfinished}
 
 
 def decoder_for(target, draft):
@@ -55,8 +71,11 @@ def decoder_for(target, draft):
     return SpeculativeDecoder(NativeLlamaRunner(target, VOCAB), draft_runner, eos_token_ids=[])
 
 
-def chi_square_p_value(sequences, exact):
-    """Chi-square p-value of the sampled sequences against {sequence: probability}."""
+def chi_square_p_value(sequences, exact, ddof=0):
+    """Chi-square p-value of the sampled sequences against {sequence: probability}.
+
+    ddof: constraints beyond the fixed total (sub-totals fixed by the design, one less than their number).
+    """
     samples = len(sequences)
     counts = dict.fromkeys(exact, 0)
     for tokens in sequences:
@@ -74,7 +93,7 @@ def chi_square_p_value(sequences, exact):
         expected.append(rare_expected)
     else:
         assert rare_observed == 0, "sampled a sequence the target gives probability 0"
-    return chisquare(observed, expected).pvalue
+    return chisquare(observed, expected, ddof=ddof).pvalue
 
 
 def speculative_p_value(target, draft, sampling, policy, seed=0):
@@ -91,6 +110,11 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+def wrong_rule(p, q, u):
+    """Accepting whenever p(x) >= q(x): a threshold instead of a coin, which biases the output."""
+    return p >= q
 
 
 SETTINGS = {
@@ -127,8 +151,7 @@ def test_dynamic_gamma_keeps_the_distribution(models):
 
 
 def test_a_wrong_acceptance_rule_fails_the_same_test(models, monkeypatch):
-    """Accepting whenever p(x) >= q(x) (a threshold instead of a coin) biases the output."""
-    monkeypatch.setattr(speculative, "acceptance_mask", lambda p, q, u: p >= q)
+    monkeypatch.setattr(speculative, "acceptance_mask", wrong_rule)
     assert speculative_p_value(*models, SETTINGS["temperature 1"], GammaPolicy(gamma=2))[0] < 1e-3
 
 
@@ -153,3 +176,84 @@ def test_a_pruned_draft_vocabulary_keeps_the_distribution(models):
     assert p_value > 1e-3
     exact = exact_distribution(target, SETTINGS["temperature 1"])
     assert sum(prob for sequence, prob in exact.items() if 3 in sequence) > 0.05  # token 3 does matter here
+
+
+RULES = {"min(1, p/q)": speculative.acceptance_mask, "p >= q (wrong)": wrong_rule}
+
+
+@pytest.fixture(params=list(RULES))
+def rule(request, monkeypatch):
+    """The acceptance rule under test: the right one must pass the chi-square test, the wrong one fail it."""
+    monkeypatch.setattr(speculative, "acceptance_mask", RULES[request.param])
+    return request.param
+
+
+def expect_the_rule(rule, p_value):
+    if rule == "p >= q (wrong)":
+        assert p_value < 1e-3, f"the test could not tell the wrong rule apart (p = {p_value:.3g})"
+    else:
+        assert p_value > 1e-3
+
+
+# 1 row: every draft step; 2..9 rows: the verifies and prefills of batches of 1 to 9 rows
+FORCED_ROUTE = {1: "padded_transposed", **dict.fromkeys(range(2, 10), "transposed")}
+ROUTED_NEW_TOKENS, ROUTED_SAMPLES, ROUTED_LARGEST_BATCH = 3, 2_000, 9
+
+
+def test_a_forced_matmul_route_keeps_the_distribution(models, rule, monkeypatch):
+    """Batches of 1 to 9 rows, so that the forwards have 1..9 rows, each through its forced kernel."""
+    target, draft = models
+    decoder = decoder_for(target, draft)
+    for runner in (decoder.target, decoder.draft):
+        runner.skinny_route = RouteDecision.forced(FORCED_ROUTE)
+    routed_rows = set()
+    for name in set(FORCED_ROUTE.values()):
+        kernel = matmul_route.KERNELS[name]
+        monkeypatch.setitem(matmul_route.KERNELS, name, lambda x, weight, bias, kernel=kernel: routed_rows.add(
+            x.numel() // x.shape[-1]) or kernel(x, weight, bias))
+    sampling, sequences, call = SETTINGS["temperature 1"], [], 0
+    with one_thread():
+        while len(sequences) < ROUTED_SAMPLES:
+            rows = 1 + call % ROUTED_LARGEST_BATCH
+            sequences += decoder.generate([PROMPT] * rows, ROUTED_NEW_TOKENS, sampling, GammaPolicy(gamma=2),
+                                          seed=call).tokens
+            call += 1
+    assert routed_rows == set(range(1, 10))
+    expect_the_rule(rule, chi_square_p_value(sequences, exact_distribution(target, sampling, ROUTED_NEW_TOKENS)))
+
+
+EOS_TOKEN, EOS_SAMPLES = 1, 6_000
+
+
+def test_rows_that_stop_at_eos_keep_the_distribution_over_shorter_sequences(models, rule):
+    """A row that samples EOS (drafted and accepted, resampled, or a bonus token) ends there: the exact
+    distribution is over sequences that end at their first EOS or after NEW_TOKENS tokens."""
+    target, draft = models
+    sampling = SETTINGS["temperature 1"]
+    decoder = SpeculativeDecoder(NativeLlamaRunner(target, VOCAB), NativeLlamaRunner(draft, VOCAB),
+                                 eos_token_ids=[EOS_TOKEN])
+    with one_thread():
+        result = decoder.generate([PROMPT] * EOS_SAMPLES, NEW_TOKENS, sampling, GammaPolicy(gamma=3), seed=3)
+    exact = exact_distribution(target, sampling, eos=(EOS_TOKEN,))
+    assert sum(exact.values()) == pytest.approx(1.0, abs=1e-9)
+    assert sum(p for sequence, p in exact.items() if len(sequence) < NEW_TOKENS) > 0.3  # EOS does matter here
+    assert result.stopped_by_eos == [tokens[-1] == EOS_TOKEN for tokens in result.tokens]
+    expect_the_rule(rule, chi_square_p_value(result.tokens, exact))
+
+
+MIXED_PROMPTS, MIXED_SAMPLES = [[0, 1, 2], [3], [2, 0, 3, 1, 1, 0]], 6_000
+
+
+def test_prompts_of_different_lengths_in_one_batch_keep_each_distribution(models, rule):
+    """Rows at different positions share every forward; each follows its own prompt's distribution. One
+    chi-square over (prompt, sequence) cells, with the rows per prompt fixed by the design."""
+    target, draft = models
+    sampling = SETTINGS["temperature 1"]
+    prompts = [MIXED_PROMPTS[row % len(MIXED_PROMPTS)] for row in range(MIXED_SAMPLES)]
+    with one_thread():
+        result = decoder_for(target, draft).generate(prompts, NEW_TOKENS, sampling, GammaPolicy(gamma=2), seed=4)
+    outcomes = [(row % len(MIXED_PROMPTS), *tokens) for row, tokens in enumerate(result.tokens)]
+    exact = {(index, *sequence): probability / len(MIXED_PROMPTS)
+             for index, prompt in enumerate(MIXED_PROMPTS)
+             for sequence, probability in exact_distribution(target, sampling, prompt=prompt).items()}
+    expect_the_rule(rule, chi_square_p_value(outcomes, exact, ddof=len(MIXED_PROMPTS) - 1))

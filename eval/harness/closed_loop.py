@@ -132,7 +132,8 @@ class ServedLoop:
                 reply = self.server.complete(prompt_ids, loop.max_new_tokens, temperature=decode.temperature,
                                              top_k=decode.top_k, top_p=decode.top_p, seed=window * 1000 + number)
                 log_file.write(json.dumps({"timestamp": at, "domain": domain, "prompt": prompt,
-                                           "drafted": reply.drafted, "accepted": reply.accepted}) + "\n")
+                                           "drafted": reply.drafted, "accepted": reply.accepted,
+                                           "gamma": decode.gamma}) + "\n")
         after = spec_counters(self.server.metrics_text())
         drafted, accepted = after["drafted"] - before["drafted"], after["accepted"] - before["accepted"]
         domains = sorted({domain for _, domain, _ in requests})
@@ -154,7 +155,7 @@ class ServedLoop:
             finished = monitor.run(settings)
             outcome.retrains.update(finished.retrains)
             outcome.gates.update(finished.gates)
-        figures = {"judged": [f"{w.domain} {'-' if w.alpha is None else f'{w.alpha:.3f}'} {w.status}"
+        figures = {"judged": [f"{w.domain} {'-' if w.acceptance is None else f'{w.acceptance:.3f}'} {w.status}"
                               for w in outcome.windows],
                    "alerts": outcome.alerts, "retrains": {d: r.exit_code for d, r in outcome.retrains.items()},
                    "gates": {d: {"promote": g.promote, "reason": g.reason} for d, g in outcome.gates.items()}}

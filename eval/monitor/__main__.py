@@ -1,35 +1,44 @@
 """python -m eval.monitor [key=value ...]
 
 Watches speculative-decoding acceptance in production, per domain, and says when a domain's draft needs
-retraining. Run it from cron or a Kubernetes CronJob at least once per window (window_s, default 1 h).
-Each run reads what the sources gave since the last run, judges the windows that are complete, and
-alerts after alert_after consecutive windows with alpha = sum(accepted) / sum(drafted) below threshold.
-A window with fewer than min_drafted drafted tokens has no data: it neither breaks nor extends a run.
-One alert per drift: it stays open, and is not raised again, until the domain has a healthy window.
+retraining. Run it from cron at least once per window (window_s, default 1 h); docs/monitor.md has the details
+and the cron, Kubernetes and Prometheus-rule examples. Each run reads what the sources gave since the last run
+and judges the windows that are complete on their per-token acceptance, accepted / tested (a round tests the
+tokens it accepted and the one it rejected, if any), summed over the window; alpha = accepted / drafted is
+reported beside it. A window below threshold (0.5) is low; threshold=break_even: the acceptance below which
+speculation is slower than the target alone, from the step costs in the export.json of promotion.current.
+alert_after (3) consecutive low windows raise one alert, open until a healthy window; a window with fewer than
+min_drafted drafted tokens has no data and neither breaks nor extends a run.
 
-Sources (at least one; what they give that is malformed, or a failed scrape, is counted and reported,
-never fatal, never drift):
+Where a source counts no rejections, tested is estimated from alpha at gamma (3: set it to what serving drafts,
+llama-server --spec-draft-n-max, vLLM num_speculative_tokens), assuming every round drafts gamma tokens and each
+is accepted independently with one probability; the window's line says so.
+
+Sources (at least one; a malformed line or scrape, or a failed scrape, is counted and reported, never fatal,
+never drift):
   request_logs=[/var/log/gateway/requests-*.jsonl]
-      JSONL, a request a line: {"timestamp": ISO-8601 or unix seconds, "domain": "code",
-      "prompt": "...", "drafted": 12, "accepted": 9} (from llama-server: timings.draft_n and
-      timings.draft_n_accepted)
+      JSONL, a request a line: {"timestamp": ISO-8601 or unix seconds, "domain": "code", "prompt": "...",
+      "drafted": 12, "accepted": 9, "rejected": 2, "gamma": 5}. "rejected" (rounds whose acceptance test
+      failed) makes tested exact; "gamma" (else gamma) is the most tokens a round drafted; "prompt" is optional
   metrics=[{url: "http://vllm:8000/metrics"}, {file: saved.prom, domain: code}]
       Prometheus text scraped over HTTP (scrape_timeout_s) or read from a file:
-      vLLM          vllm:spec_decode_num_draft_tokens_total, vllm:spec_decode_num_accepted_tokens_total
-      llama-server  llamacpp:spec_decode_num_draft_tokens_total, llamacpp:spec_decode_num_accepted_tokens_total
-      SGLang        sglang:spec_accept_rate (a gauge: one sample per scrape, samples weighted equally)
-      A series' domain is its source's domain, else domains[its domain_label value].
+      vLLM, llama-server  vllm: or llamacpp: spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens,
+                          _num_accepted_tokens_per_pos: exact while each round drafts a token per position
+      SGLang              sglang:spec_accept_rate, a gauge of alpha: one sample per scrape, estimated
+      A series' domain is its source's domain, else domains[its domain_label value]. Counts between scrapes are
+      shared between windows by time; windows sharing counts over a gap of more than two windows are marked
+      apportioned. Counts for windows already judged are not counted: they are tallied in the state and logged.
 
-On an alert, retrain_command runs to its end within the run; "{domain}" is the drifted domain, "{prompts}"
-a JSONL of the recent prompts to train on (the drifted domain's first), "{run_dir}" the retrain's directory:
+On an alert, retrain_command starts as a job of its own, and the run returns; "{domain}" is the drifted
+domain, "{prompts}" a JSONL of recent prompts to train on (the drifted domain's first), "{run_dir}" the
+retrain's directory:
   'retrain_command=[python,-m,train,"+domain={domain}","domain.extra_prompts={prompts}","run_dir={run_dir}"]'
-a failed retrain runs again on the next run (and resumes in the same run_dir).
-With promotion.current=/srv/drafts/current (a symlink to the export serving now), the retrained draft, the
-challenger, is decoded against the champion on recent prompts it was not trained on, every domain, and
-promoted only if its alpha on the drifted domain beats the champion's by promotion.min_gain and no other
-domain loses more than promotion.margin: current then points at <run_dir>/export (one rename) and
-promotion.reload_command runs; if that fails, current points at the champion again.
-The state lives in state_dir; a monitor started while another runs there does nothing and exits 0.
+Later runs see it running, finished with its exit code, or killed; a failed or killed retrain runs again, in
+the same run_dir. With promotion.current=/srv/drafts/current (a symlink to the export serving now), the first run
+after a retrain succeeded gates the challenger against the champion on recent prompts it was not trained on, and
+promotes it only if it wins (promotion.*: docs/monitor.md): current then points at <run_dir>/export (one rename)
+and promotion.reload_command runs; if that fails, current points at the champion again.
+The state lives in state_dir; a run started while another holds its lock does nothing and exits 0.
 now=2025-06-01T12:00:00Z replays old logs as of that time.
 
 Exit codes:

@@ -1,7 +1,7 @@
 """Typed settings of the monitor: its sources, windows, retraining and the promotion gate."""
 
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Union
 
 from hydra.core.config_store import ConfigStore
 
@@ -23,8 +23,12 @@ class PromotionConfig:
     promotion to serving. The target and the decoding settings are the monitor's `pair` and `decode`."""
 
     current: Optional[str] = None  # a symlink to the export serving now; None: retrained drafts are not gated
-    min_gain: float = 0.02  # the challenger's alpha on the drifted domain must beat the champion's by this
-    margin: float = 0.05  # and no other domain's alpha may drop by more than this
+    # Judged on per-token acceptance, challenger minus champion, by its 95% interval: the drifted domain's must
+    # lie at or above min_gain, and no other domain's reach below -margin. Over 32 prompts of 48 tokens such an
+    # interval spans about +-0.035: a margin much below 0.08 would hold back most clearly better challengers
+    min_gain: float = 0.02
+    margin: float = 0.08
+    bootstrap_samples: int = 1000  # paired resamples of the gate prompts behind each interval
     gate_fraction: float = 0.25  # of the drifted domain's recent prompts: gate on these, train on the rest
     max_gate_prompts: int = 32  # per domain, the latest
     min_gate_prompts: int = 4  # fewer on the drifted domain: no decision, nothing promoted
@@ -36,7 +40,7 @@ class PromotionConfig:
 class MonitorConfig:
     """python -m eval.monitor: acceptance in production per domain, and when a domain's draft needs retraining."""
 
-    state_dir: str = "outputs/monitor"  # state.json, the lock, the log, the retrains' logs
+    state_dir: str = "outputs/monitor"  # state.json, its lock, the retrains' logs and run directories
     request_logs: List[str] = field(default_factory=list)  # JSONL files or glob patterns, one request a line
     metrics: List[MetricsSource] = field(default_factory=list)
     domain_label: str = "model_name"  # the label whose value names a series' domain through `domains`
@@ -44,9 +48,16 @@ class MonitorConfig:
     scrape_timeout_s: float = 10.0
     window_s: int = 3600  # windows aligned to the epoch
     min_drafted: int = 200  # a window with fewer drafted tokens has no data
-    threshold: float = 0.5  # a window with alpha below it is low
+    # a window whose per-token acceptance (accepted / tested) is below it is low; or "break_even": the acceptance
+    # below which speculation is slower than the target alone, from the step costs of the export serving now
+    # (promotion.current). int too: Hydra reads threshold=1 as one
+    threshold: Union[float, int, str] = 0.5
+    # the most tokens serving drafts a round (llama-server --spec-draft-n-max, vLLM num_speculative_tokens): the
+    # gamma at which per-token acceptance is estimated from accepted / drafted where a source counts no rejections
+    gamma: int = 3
     alert_after: int = 3  # consecutive low windows
-    # run on an alert; "{domain}", "{prompts}" (a JSONL of its recent prompts) and "{run_dir}" substituted; []: none
+    # started on an alert, as a job of its own; "{domain}", "{prompts}" (a JSONL of its recent prompts) and
+    # "{run_dir}" substituted; []: none
     retrain_command: List[str] = field(default_factory=list)
     recent_prompts: int = 400  # the latest prompts kept per domain, to retrain and gate on
     now: Optional[str] = None  # ISO-8601 or unix seconds; None: the wall clock

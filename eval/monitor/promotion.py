@@ -2,30 +2,46 @@
 
 The monitor keeps the latest prompts of each domain. On a drift, they are split by a hash of their text: the
 retrain trains on one part (the drifted domain's first), and the gate decodes the other, never trained on,
-with the draft serving now, the champion, and the retrained one, the challenger. The challenger is promoted only when its alpha on the drifted domain beats the
-champion's by `min_gain` and no other domain's alpha drops by more than `margin`. Promotion points `current`
-at the challenger's export with one rename, then runs `reload_command`; when the reload fails, `current`
-points at the champion again.
+with the draft serving now, the champion, and the retrained one, the challenger, on the same prompts and seeds.
+The gate judges per-token acceptance (accepted / tested) by its paired difference, challenger minus champion,
+with a 95% bootstrap interval over the prompts. The challenger is promoted when the drifted domain's interval
+lies at or above `min_gain` and no other domain's reaches below -`margin`; the champion is kept when the intervals
+show the challenger is not better; otherwise there is not enough evidence, and nothing is promoted.
+Promotion points `current` at the challenger's export with one rename, then runs `reload_command`; when the
+reload fails, `current` points at the champion again.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import os
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Callable, Optional
 
+import numpy as np
+
 from decode.errors import ConfigError
 from decode.files import point_symlink, write_text
+from eval.acceptance import bootstrap_interval
 from eval.config import ReportConfig
 from eval.monitor.config import MonitorConfig, PromotionConfig
 
-log = logging.getLogger("eval.monitor")
-
 TRAIN_PROMPTS, GATE_PROMPTS = "train_prompts.jsonl", "gate_prompts.jsonl"
+PROMOTE, KEEP, NOT_ENOUGH_EVIDENCE = "promote", "keep", "not enough evidence"
+ROLES = ("champion", "challenger")
+
+
+@dataclass
+class PairedDifference:
+    """One domain's per-token acceptance (accepted / tested, summed over its prompts) under both drafts."""
+
+    champion: Optional[float]  # None: no drafted token was tested
+    challenger: Optional[float]
+    difference: Optional[float]  # challenger minus champion
+    interval: Optional[list[float]]  # the difference's 95% interval, both drafts resampled by the same prompts
+    prompts: int
 
 
 @dataclass
@@ -36,8 +52,12 @@ class GateResult:
     alpha: dict[str, dict[str, Optional[float]]]  # domain -> {"champion": alpha, "challenger": alpha}
     alpha_interval: dict[str, dict[str, Optional[list[float]]]]  # the same, 95% intervals over prompts
     prompts: dict[str, int]  # domain -> prompts decoded
-    promote: bool
+    outcome: str  # PROMOTE, KEEP or NOT_ENOUGH_EVIDENCE
+    promote: bool  # outcome == PROMOTE
     reason: str
+    token_acceptance: dict[str, dict[str, Optional[float]]]  # domain -> {"champion": ..., "challenger": ...}
+    difference: dict[str, Optional[float]]  # domain -> challenger minus champion token acceptance
+    difference_interval: dict[str, Optional[list[float]]]  # domain -> its 95% paired interval
     report: str = ""  # the gate's report.json
     promoted_at: Optional[float] = None  # set once `current` points at the challenger and the reload ran
 
@@ -92,47 +112,105 @@ def check_current(settings: PromotionConfig) -> Path:
     return current
 
 
-def decide(alpha: dict[str, dict[str, Optional[float]]], drifted: str, settings: PromotionConfig) -> tuple[bool, str]:
-    """Promote only when the challenger is better on the drifted domain and no other domain loses much."""
-    champion, challenger = alpha[drifted]["champion"], alpha[drifted]["challenger"]
-    if champion is None or challenger is None:
-        return False, f"{drifted}: no round decoded, no decision"
-    if challenger < champion + settings.min_gain:
-        return False, (f"{drifted}: challenger alpha {challenger:.3f} does not beat the champion's {champion:.3f} "
-                       f"by {settings.min_gain}")
-    for domain, pair in alpha.items():
-        if domain == drifted or pair["champion"] is None or pair["challenger"] is None:
-            continue
-        if pair["champion"] - pair["challenger"] > settings.margin:
-            return False, (f"{domain}: challenger alpha {pair['challenger']:.3f} loses more than {settings.margin} "
-                           f"to the champion's {pair['champion']:.3f}")
-    return True, f"{drifted}: challenger alpha {challenger:.3f} vs champion {champion:.3f}; no other domain loses more than {settings.margin}"
+def token_acceptance(rows: np.ndarray) -> Optional[float]:
+    """rows: [prompts, 3] drafted, accepted, rejected -> accepted / tested over their sums; None: none tested."""
+    accepted, tested = rows[:, 1].sum(), rows[:, 1].sum() + rows[:, 2].sum()
+    return float(accepted / tested) if tested else None
+
+
+def difference_of_ratios(sums: np.ndarray) -> np.ndarray:
+    """Columns: challenger accepted, tested, champion accepted, tested."""
+    return sums[:, 0] / sums[:, 1] - sums[:, 2] / sums[:, 3]
+
+
+def paired_difference(champion: np.ndarray, challenger: np.ndarray, samples: int, seed: int) -> PairedDifference:
+    """champion, challenger: [prompts, 3] counts on the same prompts in the same order. Each resample draws the
+    same prompts for both drafts, so the prompts' own difficulty, shared by both, drops out of the difference."""
+    before, after = token_acceptance(champion), token_acceptance(challenger)
+    if before is None or after is None:
+        return PairedDifference(before, after, None, None, len(champion))
+    columns = np.stack([challenger[:, 1], challenger[:, 1] + challenger[:, 2],
+                        champion[:, 1], champion[:, 1] + champion[:, 2]], 1)
+    interval = bootstrap_interval(columns, difference_of_ratios, samples, seed)
+    return PairedDifference(before, after, after - before, interval, len(champion))
+
+
+def describe(domain: str, paired: PairedDifference) -> str:
+    low, high = paired.interval
+    return (f"{domain} token acceptance {paired.champion:.3f} -> {paired.challenger:.3f}, difference "
+            f"{paired.difference:+.3f} (95% interval {low:+.3f} to {high:+.3f}, {paired.prompts} prompts)")
+
+
+def decide(paired: dict[str, PairedDifference], drifted: str, settings: PromotionConfig) -> tuple[str, str]:
+    """-> (outcome, reason). PROMOTE: the drifted domain's interval lies at or above min_gain and no other
+    domain's reaches below -margin; KEEP: the drifted domain's lies below min_gain, or another's below -margin;
+    otherwise NOT_ENOUGH_EVIDENCE. A domain where no token was tested does not count."""
+    target = paired.get(drifted)
+    prompts = target.prompts if target else 0
+    if prompts < settings.min_gate_prompts:
+        return NOT_ENOUGH_EVIDENCE, (f"{drifted}: {prompts} recent prompts to gate on, fewer than "
+                                     f"promotion.min_gate_prompts={settings.min_gate_prompts}.")
+    if target.interval is None:
+        return NOT_ENOUGH_EVIDENCE, f"{drifted}: no drafted token was tested, so there is nothing to compare."
+    if target.interval[1] < settings.min_gain:
+        return KEEP, (f"{describe(drifted, target)}: even at the interval's top the challenger gains less than "
+                      f"min_gain {settings.min_gain}.")
+    others = {domain: pair for domain, pair in paired.items() if domain != drifted and pair.interval is not None}
+    worst = min(others, key=lambda domain: others[domain].interval[0], default=None)
+    if worst is not None and others[worst].interval[1] < -settings.margin:
+        return KEEP, (f"{describe(worst, others[worst])}: even at the interval's top the challenger loses more "
+                      f"than margin {settings.margin}.")
+    if target.interval[0] < settings.min_gain:
+        return NOT_ENOUGH_EVIDENCE, (f"{describe(drifted, target)}: the interval straddles min_gain "
+                                     f"{settings.min_gain}.")
+    if worst is not None and others[worst].interval[0] < -settings.margin:
+        return NOT_ENOUGH_EVIDENCE, (f"{describe(drifted, target)} clears min_gain {settings.min_gain}, but "
+                                     f"{describe(worst, others[worst])} may lose more than margin {settings.margin}.")
+    spared = f"; the lowest elsewhere, {describe(worst, others[worst])}" if worst is not None else ""
+    return PROMOTE, (f"{describe(drifted, target)} clears min_gain {settings.min_gain}, and no other domain's "
+                     f"interval reaches below -{settings.margin}{spared}.")
+
+
+def row_counts(figures: dict) -> np.ndarray:
+    """A draft's figures on one domain -> [prompts, 3] drafted, accepted, rejected, in decode order."""
+    return np.asarray(figures["counts"]["row_counts"], dtype=float).reshape(-1, 3)
 
 
 def run_gate(config: MonitorConfig, champion: Path, challenger: Path, gate_prompts: Path, drifted: str,
              output_dir: Path) -> GateResult:
-    """Decode the gate's prompts with both drafts (same seeds) and decide."""
+    """Decode the gate's prompts with both drafts (same prompts, same seeds), compare and decide; the report,
+    the paired differences and the outcome under "gate", goes to output_dir."""
     from eval.report import evaluate, write_report  # models and plots: loaded only when a gate runs
 
     settings = ReportConfig(drafts=[str(served_draft(champion)), str(served_draft(challenger))],
                             prompts=str(gate_prompts), max_prompts=config.promotion.max_gate_prompts,
-                            max_new_tokens=config.promotion.max_new_tokens, compare_ar=False)
+                            max_new_tokens=config.promotion.max_new_tokens, compare_ar=False,
+                            bootstrap_samples=config.promotion.bootstrap_samples)
     pair = replace(config.pair, draft=replace(config.pair.draft, path=None))
     report = evaluate(pair, config.decode, settings, config.seed)
-    write_report(report, output_dir)
-    by_role = dict(zip(("champion", "challenger"), settings.drafts))
+    by_role = dict(zip(ROLES, settings.drafts))
     figures = {role: report["drafts"][label]["domains"] for role, label in by_role.items()}
     domains = list(figures["champion"])
-    alpha = {domain: {role: figures[role][domain]["alpha"] for role in by_role} for domain in domains}
-    intervals = {domain: {role: figures[role][domain]["alpha_interval"] for role in by_role} for domain in domains}
-    prompts = {domain: figures["champion"][domain]["prompts"] for domain in domains}
-    if prompts.get(drifted, 0) < config.promotion.min_gate_prompts:
-        promote, reason = False, (f"{drifted}: {prompts.get(drifted, 0)} recent prompts to gate on, fewer than "
-                                  f"promotion.min_gate_prompts={config.promotion.min_gate_prompts}")
-    else:
-        promote, reason = decide(alpha, drifted, config.promotion)
-    return GateResult(str(champion), str(challenger), drifted, alpha, intervals, prompts, promote, reason,
-                      str(output_dir / "report.json"))
+    paired = {domain: paired_difference(row_counts(figures["champion"][domain]),
+                                        row_counts(figures["challenger"][domain]),
+                                        config.promotion.bootstrap_samples, config.seed) for domain in domains}
+    outcome, reason = decide(paired, drifted, config.promotion)
+    report["gate"] = {"drifted": drifted, "outcome": outcome, "reason": reason,
+                      "min_gain": config.promotion.min_gain, "margin": config.promotion.margin,
+                      "domains": {domain: asdict(paired[domain]) for domain in domains}}
+    write_report(report, output_dir)
+    return GateResult(
+        champion=str(champion), challenger=str(challenger), drifted=drifted,
+        alpha={domain: {role: figures[role][domain]["alpha"] for role in ROLES} for domain in domains},
+        alpha_interval={domain: {role: figures[role][domain]["alpha_interval"] for role in ROLES}
+                        for domain in domains},
+        prompts={domain: figures["champion"][domain]["prompts"] for domain in domains},
+        outcome=outcome, promote=outcome == PROMOTE, reason=reason,
+        token_acceptance={domain: {"champion": paired[domain].champion, "challenger": paired[domain].challenger}
+                          for domain in domains},
+        difference={domain: paired[domain].difference for domain in domains},
+        difference_interval={domain: paired[domain].interval for domain in domains},
+        report=str(output_dir / "report.json"))
 
 
 def promote(current: Path, challenger: Path, reload: Callable[[list[str]], int],

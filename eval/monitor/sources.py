@@ -1,7 +1,9 @@
 """Production acceptance from what serving leaves behind: request logs and Prometheus metrics.
 
-Nothing a source gives stops the monitor or looks like drift: a malformed line or sample is counted,
-reported with where it is and skipped, and a failed scrape is recorded and yields nothing.
+Nothing a source gives stops the monitor or looks like drift: a malformed line or scrape is counted, reported
+with where it is and skipped, and a failed scrape is recorded and yields nothing. Where a source counts the
+rounds whose acceptance test failed, a window's acceptance tests are exact; where it does not, they are
+estimated from accepted / drafted at the gamma the tokens were drafted at (estimates.py).
 """
 
 from __future__ import annotations
@@ -13,38 +15,45 @@ import math
 import re
 import urllib.request
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable, Optional
 
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
 from eval.monitor.config import MetricsSource, MonitorConfig
-from eval.monitor.drift import Counts, Observation
+from eval.monitor.drift import Counts, Observation, counted
 
 MALFORMED_LINE = "malformed log line"
 UNREAD_LOG = "unread request log"
 FAILED_SCRAPE = "failed scrape"
+MALFORMED_SCRAPE = "malformed scrape"
 MALFORMED_SAMPLE = "malformed sample"
 NO_DOMAIN = "series without a domain"
 COUNTER_GAP = "counter gap"
 
-# The drafted and accepted token counters of vLLM and llama-server, named without the `_total` of their samples.
-TOKEN_COUNTERS = {
+# The speculative-decoding counters of vLLM and of llama-server (b11434), named without the `_total` of their
+# samples: rounds drafted, tokens drafted, tokens accepted, and rounds that accepted the token at each draft
+# position (label `position`, from 0). A round that accepted its last position had no rejection.
+COUNTERS = {
+    "vllm:spec_decode_num_drafts": "drafts",
     "vllm:spec_decode_num_draft_tokens": "drafted",
     "vllm:spec_decode_num_accepted_tokens": "accepted",
+    "vllm:spec_decode_num_accepted_tokens_per_pos": "per_position",
+    "llamacpp:spec_decode_num_drafts": "drafts",
     "llamacpp:spec_decode_num_draft_tokens": "drafted",
     "llamacpp:spec_decode_num_accepted_tokens": "accepted",
+    "llamacpp:spec_decode_num_accepted_tokens_per_pos": "per_position",
 }
-# SGLang only has a gauge: the acceptance rate of its latest batch. Nothing to weight it by is exposed (no
-# token counts), so each scrape is one sample and a window's samples count equally.
+POSITION = "position"
+# SGLang (0.5.23) only has gauges. sglang:spec_accept_rate is accepted / drafted over the scheduler's latest
+# logging interval, drafted counted as rounds x the draft tokens of a round: an alpha, with nothing to weight it
+# by, so each scrape is one sample and a window's samples count equally.
 RATE_GAUGE = "sglang:spec_accept_rate"
 
 DOMAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
-_SAMPLE = re.compile(r'(?P<name>[a-zA-Z_:][a-zA-Z0-9_:]*)\s*'
-                     r'(?:\{(?P<labels>(?:[^"}]|"(?:[^"\\]|\\.)*")*)\})?'
-                     r'\s+(?P<value>\S+)(?:\s+-?[0-9]+(?:\.[0-9]*)?)?\s*')
-_LABEL = re.compile(r'\s*(?P<name>[a-zA-Z_][a-zA-Z0-9_]*)\s*=\s*"(?P<value>(?:[^"\\]|\\.)*)"\s*(?:,|$)')
-_ESCAPED = re.compile(r"\\(.)")
 
 Record = Callable[[Observation], None]
 
@@ -95,9 +104,15 @@ class LogPosition:
     line: int = 0  # lines read, for file:line in reports
 
 
-def parse_request(raw: bytes) -> Observation:
-    """One request log line: {"timestamp", "domain", "prompt", "drafted", "accepted"}; the prompt may be absent
-    (it is only needed to retrain on recent traffic)."""
+def is_count(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def parse_request(raw: bytes, default_gamma: int = MonitorConfig.gamma) -> Observation:
+    """One request log line: {"timestamp", "domain", "prompt", "drafted", "accepted"}, and where known "rejected"
+    (the rounds whose acceptance test failed: the request's tests are then exact) and "gamma" (the most tokens a
+    round drafted; else `default_gamma`). The prompt may be absent (it is only needed to retrain on recent
+    traffic)."""
     try:
         entry = json.loads(raw)
     except ValueError as error:
@@ -107,22 +122,29 @@ def parse_request(raw: bytes) -> Observation:
     missing = [name for name in ("timestamp", "domain", "drafted", "accepted") if name not in entry]
     if missing:
         raise ValueError(f"no {', '.join(missing)}")
-    drafted, accepted = entry["drafted"], entry["accepted"]
-    if not all(isinstance(n, int) and not isinstance(n, bool) and n >= 0 for n in (drafted, accepted)):
-        raise ValueError(f"drafted {drafted!r} and accepted {accepted!r} must be counts (integers >= 0)")
+    drafted, accepted, rejected = entry["drafted"], entry["accepted"], entry.get("rejected")
+    if not (is_count(drafted) and is_count(accepted) and (rejected is None or is_count(rejected))):
+        raise ValueError(f"drafted {drafted!r}, accepted {accepted!r} and rejected {rejected!r} must be counts "
+                         "(integers >= 0)")
     if accepted > drafted:
         raise ValueError(f"accepted {accepted} > drafted {drafted}")
+    if rejected is not None and not min(drafted, 1) <= accepted + rejected <= drafted:
+        raise ValueError(f"rejected {rejected}: a round tests its first drafted token, and each rejection is a "
+                         f"drafted token not accepted ({accepted} of {drafted} were)")
+    gamma = entry.get("gamma", default_gamma)
+    if not (is_count(gamma) and gamma >= 1):
+        raise ValueError(f"gamma {gamma!r} must be an integer >= 1")
     if not is_domain_name(entry["domain"]):
         raise ValueError(f"domain {entry['domain']!r} is not a name of letters, digits, _ . -")
     prompt = entry.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
     at = parse_time(entry["timestamp"])
-    return Observation(entry["domain"], at, at, Counts(drafted, accepted),
+    return Observation(entry["domain"], at, at, counted(drafted, accepted, rejected, gamma),
                        (prompt or "").strip() or None)
 
 
-def read_request_logs(patterns: list[str], positions: dict[str, LogPosition], problems: Problems,
+def read_request_logs(patterns: list[str], positions: dict[str, LogPosition], default_gamma: int, problems: Problems,
                       record: Record) -> dict[str, LogPosition]:
     """Record the requests logged since the last run; -> where reading stopped in each file.
 
@@ -144,7 +166,7 @@ def read_request_logs(patterns: list[str], positions: dict[str, LogPosition], pr
             position = LogPosition(str(path))
         position.path = str(path)
         read[identity] = position
-        read_new_requests(path, position, problems, record)
+        read_new_requests(path, position, default_gamma, problems, record)
     return read
 
 
@@ -158,7 +180,8 @@ def log_files(patterns: list[str], problems: Problems) -> list[Path]:
     return files
 
 
-def read_new_requests(path: Path, position: LogPosition, problems: Problems, record: Record) -> None:
+def read_new_requests(path: Path, position: LogPosition, default_gamma: int, problems: Problems,
+                      record: Record) -> None:
     try:
         with open(path, "rb") as handle:
             handle.seek(position.offset)
@@ -170,7 +193,7 @@ def read_new_requests(path: Path, position: LogPosition, problems: Problems, rec
                 if not raw.strip():
                     continue
                 try:
-                    observation = parse_request(raw)
+                    observation = parse_request(raw, default_gamma)
                 except ValueError as error:
                     problems.add(MALFORMED_LINE, f"{path}:{position.line}: {error}")
                 else:
@@ -182,61 +205,25 @@ def read_new_requests(path: Path, position: LogPosition, problems: Problems, rec
 # Prometheus metrics ----------------------------------------------------------------------------------------
 
 @dataclass
-class Sample:
-    name: str
-    labels: dict[str, str]
-    value: float
-
-
-@dataclass
 class CounterReading:
-    """One series' drafted and accepted token counters at a scrape."""
+    """One series' speculative-decoding counters at a scrape."""
 
     labels: dict[str, str]
     at: float
     drafted: float
     accepted: float
+    drafts: Optional[float] = None  # rounds; None: not exported
+    accepted_per_position: list[float] = field(default_factory=list)  # rounds accepting position i; []: not exported
 
 
-def parse_exposition(text: str) -> tuple[list[Sample], list[tuple[int, str]]]:
-    """The samples of Prometheus text exposition, and its malformed lines as (line number, why).
-
-    Comments (`# HELP`, `# TYPE`) say nothing needed here. A sample's own timestamp is read past: the monitor
-    times each scrape by its own clock.
-    """
-    samples, malformed = [], []
-    for number, line in enumerate(text.splitlines(), start=1):
-        line = line.strip()
-        if not line or line.startswith("#"):
-            continue
-        try:
-            samples.append(parse_sample(line))
-        except ValueError as error:
-            malformed.append((number, str(error)))
-    return samples, malformed
-
-
-def parse_sample(line: str) -> Sample:
-    match = _SAMPLE.fullmatch(line)
-    if match is None:
-        raise ValueError(f"not a sample: {line[:80]!r}")
+def parse_exposition(text: str) -> list[Sample]:
+    """The samples of Prometheus text exposition, by prometheus_client's parser (a sample's own timestamp is
+    read past: the monitor times each scrape by its own clock). ValueError when any of it is malformed: a
+    scrape is taken whole or not at all, so that no series' counters are read from half of one."""
     try:
-        value = float(match["value"])  # also NaN, +Inf, -Inf
-    except ValueError:
-        raise ValueError(f"value {match['value']!r} is not a number") from None
-    return Sample(match["name"], parse_labels(match["labels"] or ""), value)
-
-
-def parse_labels(block: str) -> dict[str, str]:
-    labels, at = {}, 0
-    while block[at:].strip():
-        label = _LABEL.match(block, at)
-        if label is None:
-            raise ValueError(f"malformed labels {{{block}}}")
-        # \\ \" and \n are the escapes a label value may hold
-        labels[label["name"]] = _ESCAPED.sub(lambda m: "\n" if m[1] == "n" else m[1], label["value"])
-        at = label.end()
-    return labels
+        return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
+    except (ValueError, IndexError) as error:  # IndexError: from some malformed label sets
+        raise ValueError(f"not Prometheus text exposition ({type(error).__name__}: {error})") from None
 
 
 def series_name(engine: str, labels: dict[str, str]) -> str:
@@ -244,32 +231,65 @@ def series_name(engine: str, labels: dict[str, str]) -> str:
 
 
 def counter_readings(samples: list[Sample], at: float, where: str, problems: Problems) -> dict[str, CounterReading]:
-    """The drafted/accepted counter pair of each series (engine and label set) in one scrape."""
-    values: dict[str, dict[str, float]] = {}
-    labels_of: dict[str, dict[str, str]] = {}
+    """The counters of each series (engine and label set, `position` aside) in one scrape."""
+    values: dict[str, dict] = {}
     for sample in samples:
-        role = TOKEN_COUNTERS.get(sample.name.removesuffix("_total"))
+        role = COUNTERS.get(sample.name.removesuffix("_total"))
         if role is None:
             continue
-        series = series_name(sample.name.split(":")[0], sample.labels)
-        if not (math.isfinite(sample.value) and sample.value >= 0):
-            problems.add(MALFORMED_SAMPLE, f"{where}: {sample.name} of {series} is {sample.value}, not a count")
+        labels = {name: value for name, value in sample.labels.items() if name != POSITION}
+        series = series_name(sample.name.split(":")[0], labels)
+        position = sample.labels.get(POSITION, "")
+        at_position = role == "per_position"
+        what = f"{sample.name} of {series}" + (f" at position {position!r}" if at_position else "")
+        if not (math.isfinite(sample.value) and sample.value >= 0) or (at_position and not position.isdigit()):
+            problems.add(MALFORMED_SAMPLE, f"{where}: {what} is {sample.value}, not a count")
             continue
-        values.setdefault(series, {})[role] = sample.value
-        labels_of[series] = sample.labels
+        entry = values.setdefault(series, {"labels": labels, "per_position": {}})
+        if at_position:
+            entry["per_position"][int(position)] = sample.value
+        else:
+            entry[role] = sample.value
     readings = {}
-    for series, pair in values.items():
-        if len(pair) < 2:
-            problems.add(MALFORMED_SAMPLE, f"{where}: {series} has only its {next(iter(pair))} tokens counter")
+    for series, entry in values.items():
+        if "drafted" not in entry or "accepted" not in entry:
+            problems.add(MALFORMED_SAMPLE, f"{where}: {series} lacks its drafted or its accepted tokens counter")
             continue
-        readings[series] = CounterReading(labels_of[series], at, pair["drafted"], pair["accepted"])
+        per_position = entry["per_position"]
+        if sorted(per_position) != list(range(len(per_position))):
+            problems.add(MALFORMED_SAMPLE, f"{where}: {series} has accepted tokens at positions "
+                                           f"{sorted(per_position)}, not 0 to gamma - 1: they are not used")
+            per_position = {}
+        readings[series] = CounterReading(entry["labels"], at, entry["drafted"], entry["accepted"],
+                                          entry.get("drafts"), [per_position[i] for i in sorted(per_position)])
     return readings
 
 
-def increase(previous: CounterReading, current: CounterReading) -> Counts:
-    if current.drafted < previous.drafted or current.accepted < previous.accepted:
-        return Counts(current.drafted, current.accepted)  # a reset (the engine restarted): counted from zero
-    return Counts(current.drafted - previous.drafted, current.accepted - previous.accepted)
+def restarted(previous: CounterReading, current: CounterReading) -> bool:
+    """A counter that fell: the engine restarted, and counts from zero since."""
+    pairs = [(previous.drafted, current.drafted), (previous.accepted, current.accepted)]
+    if previous.drafts is not None and current.drafts is not None:
+        pairs.append((previous.drafts, current.drafts))
+    if len(previous.accepted_per_position) == len(current.accepted_per_position):
+        pairs += zip(previous.accepted_per_position, current.accepted_per_position)
+    return any(now < before for before, now in pairs)
+
+
+def increase(previous: CounterReading, current: CounterReading, default_gamma: int) -> Counts:
+    """The counts between two readings. Exact when both give the rounds and the accepted tokens per position,
+    and every round drafted gamma (the positions) tokens: a round that did not accept its last position had
+    one rejection. Otherwise the tests are estimated at that gamma, or at `default_gamma` without positions."""
+    if restarted(previous, current):
+        previous = CounterReading(previous.labels, previous.at, 0.0, 0.0, 0.0,
+                                  [0.0] * len(current.accepted_per_position))
+    drafted, accepted = current.drafted - previous.drafted, current.accepted - previous.accepted
+    gamma = len(current.accepted_per_position)
+    if gamma and len(previous.accepted_per_position) == gamma and None not in (previous.drafts, current.drafts):
+        drafts = current.drafts - previous.drafts
+        fully_accepted = current.accepted_per_position[-1] - previous.accepted_per_position[-1]
+        if drafted == drafts * gamma:
+            return counted(drafted, accepted, drafts - fully_accepted, gamma)
+    return counted(drafted, accepted, None, gamma or default_gamma)
 
 
 def fetch(source: MetricsSource, timeout_s: float) -> str:
@@ -280,27 +300,40 @@ def fetch(source: MetricsSource, timeout_s: float) -> str:
         return response.read().decode("utf-8")
 
 
+class ScrapeError(Exception):
+    def __init__(self, kind: str, why: str):
+        super().__init__(why)
+        self.kind = kind
+
+
+def scrape(source: MetricsSource, timeout_s: float) -> list[Sample]:
+    try:
+        text = fetch(source, timeout_s)
+    except (OSError, ValueError, http.client.HTTPException) as error:  # ValueError: a body that is not UTF-8
+        raise ScrapeError(FAILED_SCRAPE, str(error)) from None
+    try:
+        return parse_exposition(text)
+    except ValueError as error:
+        raise ScrapeError(MALFORMED_SCRAPE, str(error)) from None
+
+
 def read_metrics(config: MonitorConfig, readings: dict[str, dict[str, CounterReading]], now: float,
                  problems: Problems, record: Record) -> dict[str, dict[str, CounterReading]]:
     """Scrape each source at `now`; record its counters' increases since the last scrape and its gauge samples.
 
-    -> the counter readings to keep, by source. A failed source keeps its last ones, so that its next scrape
-    covers the gap; an increase over more than two windows is not shared out among them (the monitor was not
-    running) and is reported instead.
+    -> the counter readings to keep, by source. A failed or malformed scrape keeps the last ones, so that the
+    next scrape covers the gap.
     """
     kept = {}
     for source in config.metrics:
         where = source.url or source.file
         try:
-            text = fetch(source, config.scrape_timeout_s)
-        except (OSError, ValueError, http.client.HTTPException) as error:
-            problems.add(FAILED_SCRAPE, f"{where}: {error}")
+            samples = scrape(source, config.scrape_timeout_s)
+        except ScrapeError as error:
+            problems.add(error.kind, f"{where}: {error}")
             if where in readings:
                 kept[where] = readings[where]
             continue
-        samples, malformed = parse_exposition(text)
-        for number, why in malformed:
-            problems.add(MALFORMED_SAMPLE, f"{where}:{number}: {why}")
         record_rate_samples(samples, source, config, now, problems, record)
         current = counter_readings(samples, now, where, problems)
         for series, reading in current.items():
@@ -313,17 +346,20 @@ def read_metrics(config: MonitorConfig, readings: dict[str, dict[str, CounterRea
 
 def record_increase(where: str, series: str, previous: CounterReading, current: CounterReading,
                     source: MetricsSource, config: MonitorConfig, problems: Problems, record: Record) -> None:
-    counts = increase(previous, current)
+    counts = increase(previous, current, config.gamma)
     if counts.drafted == 0 and counts.accepted == 0:
         return
-    if counts.accepted > counts.drafted:
-        problems.add(MALFORMED_SAMPLE, f"{where}: {series}: accepted grew by {counts.accepted:.0f}, "
-                                       f"drafted by only {counts.drafted:.0f}")
+    rejected = None if counts.untested else counts.tested - counts.accepted
+    if counts.accepted > counts.drafted or (rejected is not None and not (rejected >= 0 and counts.tested > 0)):
+        problems.add(MALFORMED_SAMPLE, f"{where}: {series}: accepted grew by {counts.accepted:.0f}, drafted by "
+                                       f"{counts.drafted:.0f}" + ("" if rejected is None else
+                                       f", rejected rounds by {rejected:.0f}") + ": not counted")
         return
-    if current.at - previous.at > 2 * config.window_s:
+    if current.at - previous.at > 2 * config.window_s:  # the monitor did not run: when they came is not known
+        counts.apportioned = counts.drafted
         problems.add(COUNTER_GAP, f"{where}: {series}: {counts.drafted:.0f} drafted tokens over "
-                                  f"{(current.at - previous.at) / 3600:.1f} h since the last scrape are not counted")
-        return
+                                  f"{(current.at - previous.at) / 3600:.1f} h since the last scrape, apportioned "
+                                  "over its windows by time")
     domain = domain_of(current.labels, source, config, where, problems)
     if domain is not None:
         record(Observation(domain, previous.at, current.at, counts))

@@ -3,7 +3,7 @@
 
 Usage::
 
-    python distill/prompts/build.py          # writes <domain>.jsonl next to this file
+    python scripts/prompts/build.py          # writes distill/prompts/<domain>.jsonl
 
 Each output file holds JSON lines ``{"id", "prompt", "split", "template"}`` in three
 splits: about 400 ``"train"``, 50 ``"validation"`` and 100 ``"heldout"`` prompts.

@@ -1,0 +1,71 @@
+"""Step costs on the tiny models: every step is timed, and the ratios and the predicted speedup follow from them."""
+
+import pytest
+import torch
+
+from decode.native import NativeLlamaRunner
+from decode.sampling import SamplingParams
+from decode.speculative import SpeculativeDecoder
+from decode.step_costs import StepCosts, measure_step_costs
+
+
+class CountingRunner:
+    """A runner wrapper that records the length and start of every forward and whether a cache is held."""
+
+    def __init__(self, runner):
+        self.runner, self.forwards, self.held = runner, [], False
+        self.vocab_size, self.device, self.dtype = runner.vocab_size, runner.device, runner.dtype
+
+    def reset(self, batch_size, max_len):
+        self.held = True
+        self.runner.reset(batch_size, max_len)
+
+    def forward(self, tokens, start, kv_len, logits_at=None):
+        self.forwards.append((tokens.shape[1], int(start[0])))
+        return self.runner.forward(tokens, start, kv_len, logits_at)
+
+    def free(self):
+        self.held = False
+        self.runner.free()
+
+
+@pytest.fixture
+def decoder(target64, draft64, tokenizer):
+    vocab = len(tokenizer)
+    return SpeculativeDecoder(CountingRunner(NativeLlamaRunner(target64, vocab)),
+                              CountingRunner(NativeLlamaRunner(draft64, vocab)), eos_token_ids=[])
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(temperature=0.0), SamplingParams(temperature=0.8, top_p=0.9)],
+                         ids=["greedy", "top-p"])
+def test_every_step_is_timed_after_the_context_and_the_caches_are_freed(decoder, sampling):
+    costs = measure_step_costs(decoder, sampling, context=12, max_gamma=4, repeats=2)
+    assert costs.context == 12 and set(costs.verify_s) == {1, 2, 3, 4}
+    assert costs.target_step_s > 0 and costs.draft_step_s > 0 and all(s > 0 for s in costs.verify_s.values())
+    timed = decoder.target.forwards[1:]  # after the prefill of the context
+    assert decoder.target.forwards[0] == (12, 0)
+    assert sorted(set(timed)) == [(1, 12), (2, 12), (3, 12), (4, 12), (5, 12)]
+    assert len(timed) == 3 * 5  # a warm-up round and 2 repeats of the AR step and 4 verifies
+    assert set(decoder.draft.forwards[1:]) == {(1, 12)}
+    assert not decoder.target.held and not decoder.draft.held
+    data = costs.to_dict()
+    assert set(data) == {"context", "target_step_ms", "draft_step_ms", "c", "v"}
+    assert set(data["v"]) == {"1", "2", "3", "4"} and data["c"] == pytest.approx(costs.c)
+
+
+def test_ratios_and_the_predicted_speedup_from_hand_computed_costs():
+    costs = StepCosts(context=8, target_step_s=0.020, draft_step_s=0.005, verify_s={1: 0.022, 2: 0.024, 3: 0.030})
+    assert costs.c == pytest.approx(0.25)
+    assert costs.v(3) == pytest.approx(1.5)
+    # a = 0.5, gamma = 2: (1 + 0.5 + 0.25) / (2 * 0.25 + 1.2)
+    assert costs.predicted_speedup(0.5, 2) == pytest.approx(1.75 / 1.7)
+    assert costs.predicted_speedup(0.0, 1) == pytest.approx(1 / 1.35)
+    assert costs.to_dict() == {"context": 8, "target_step_ms": pytest.approx(20.0), "draft_step_ms": pytest.approx(5.0),
+                               "c": pytest.approx(0.25),
+                               "v": {"1": pytest.approx(1.1), "2": pytest.approx(1.2), "3": pytest.approx(1.5)}}
+
+
+def test_a_decoder_without_a_draft_is_refused(target64, tokenizer):
+    decoder = SpeculativeDecoder(NativeLlamaRunner(target64, len(tokenizer)), None, eos_token_ids=[])
+    with pytest.raises(ValueError, match="need a draft"):
+        measure_step_costs(decoder, SamplingParams(), context=4, max_gamma=2)
