@@ -5,7 +5,8 @@ gamma tokens has gamma + 1) (W @ x^T)^T ran up to 2.5x faster than F.linear on o
 another (a Xeon with AMX). For 1 row (every AR and draft step) F.linear took 9.5 ms a pass of a 135M
 model's weights on an EPYC with AVX-512 where the same vector padded to 2 rows took 3.7 ms: an AR step then
 cost more than a 4-token verify. So every row count the decoder runs is timed on the machine that decodes,
-for the model's own weight shapes, once per process, and each takes its fastest kernel.
+for the model's own weight shapes, once per process, and each row count and weight shape takes its fastest
+kernel.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Callable, Mapping, Sequence
 
@@ -23,10 +25,12 @@ log = logging.getLogger(__name__)
 
 ROWS = range(1, 10)
 MARGIN = 0.10  # another kernel replaces F.linear only where it saves at least this share of the time
-REPEATS = 3
-# A larger weight (an output head) is timed on slices of its rows: 8 MiB each in float32, more than a core's
-# own cache, at a fraction of the time.
-PROBE_ELEMENTS = 1 << 21
+REPEATS = 5
+# A larger weight is timed on slices of its rows of this many elements (64 MiB in float32), which bounds the
+# probe of a 7B model to seconds. Not less: a 135M model's output head cut to 8 MiB slices showed F.linear on
+# 1 and 7 rows as fast as the other kernels, where on the whole head in the forward they beat it by 30%
+# and 2x (a CPU with 32 MiB of L3).
+PROBE_ELEMENTS = 1 << 24
 SMALL_MODEL_ELEMENTS = 1 << 20  # below this the forward is all per-call overhead: F.linear, unmeasured
 
 Kernel = Callable[[torch.Tensor, torch.Tensor, "torch.Tensor | None"], torch.Tensor]
@@ -72,50 +76,85 @@ def candidates(rows: int) -> tuple[str, ...]:
     return ("linear", "transposed") + (SINGLE_ROW_KERNELS if rows == 1 else ())
 
 
+Shape = tuple[int, int]  # a weight's (out_features, in_features)
+
+
 @dataclass(frozen=True)
 class RouteDecision:
-    kernels: Mapping[int, str] = field(default_factory=dict)  # rows -> kernel name; any other row count: linear
-    seconds: Mapping[int, Mapping[str, float]] = field(default_factory=dict)  # rows -> kernel -> s per pass
+    # rows -> weight shape -> kernel name; the shape None stands for any shape not listed, and a row count
+    # not listed takes F.linear
+    kernels: Mapping[int, Mapping[Shape | None, str]] = field(default_factory=dict)
+    # rows -> weight shape -> kernel -> seconds of that shape's calls in one pass of the weights
+    seconds: Mapping[int, Mapping[Shape, Mapping[str, float]]] = field(default_factory=dict)
 
     @classmethod
     def forced(cls, kernels: Mapping[int, str]) -> "RouteDecision":
-        """rows -> kernel name as given, unmeasured (F.linear for any other row count)."""
+        """rows -> kernel name for every weight shape, unmeasured (F.linear for any other row count)."""
         for rows, name in kernels.items():
             if name not in candidates(rows):
                 raise ValueError(f"kernel {name!r} cannot compute a product of {rows} rows; "
                                  f"choose among {candidates(rows)}")
-        return cls(dict(kernels))
+        return cls({rows: {None: name} for rows, name in kernels.items()})
 
-    def kernel_name(self, rows: int) -> str:
-        return self.kernels.get(rows, "linear")
+    def kernel_name(self, rows: int, shape: Sequence[int] | None = None) -> str:
+        by_shape = self.kernels.get(rows)
+        if not by_shape:
+            return "linear"
+        return by_shape.get(shape) or by_shape.get(None, "linear")
 
-    def kernel(self, rows: int) -> Kernel:
-        return KERNELS[self.kernel_name(rows)]
+    def kernel(self, rows: int, shape: Sequence[int] | None = None) -> Kernel:
+        return KERNELS[self.kernel_name(rows, shape)]
+
+    def pass_seconds(self, rows: int) -> dict[str, float]:
+        """-> seconds of one pass of the weights, for F.linear and for the kernels chosen ("chosen")."""
+        times = self.seconds[rows]
+        return {"linear": sum(t["linear"] for t in times.values()),
+                "chosen": sum(t[self.kernel_name(rows, shape)] for shape, t in times.items())}
 
     def summary(self) -> dict:
-        """Plain JSON: the kernel per row count, and each candidate's measured ms per pass of the weights."""
-        return {"kernels": {str(r): self.kernel_name(r) for r in sorted(set(self.kernels) | set(self.seconds))},
-                "ms": {str(r): {name: round(1000 * s, 3) for name, s in times.items()}
-                       for r, times in sorted(self.seconds.items())}}
+        """Plain JSON: the kernel per row count and weight shape, and each candidate's measured ms."""
+        def shape_key(shape):
+            return "any" if shape is None else "x".join(map(str, shape))
+
+        return {"kernels": {str(rows): {shape_key(shape): name for shape, name in by_shape.items()}
+                            for rows, by_shape in sorted(self.kernels.items())},
+                "ms": {str(rows): {shape_key(shape): {name: round(1000 * s, 3) for name, s in times.items()}
+                                   for shape, times in by_shape.items()}
+                       for rows, by_shape in sorted(self.seconds.items())}}
 
     def describe(self) -> str:
-        """One line: rows -> kernel, with its time against F.linear's where measured."""
+        """One line: per row count its kernel (the shapes that take another one named), and where measured
+        the time a pass of the weights saves against F.linear everywhere."""
         def entry(rows: int) -> str:
-            name, times = self.kernel_name(rows), self.seconds.get(rows)
-            if not times or name == "linear":
-                return f"{rows}: {name}"
-            return f"{rows}: {name} ({1 - times[name] / times['linear']:.0%} faster)"
+            by_shape = self.kernels.get(rows, {})
+            shapes = [shape for shape in by_shape if shape is not None]
+            names = Counter(by_shape[shape] for shape in shapes) or Counter([by_shape.get(None, "linear")])
+            common = names.most_common(1)[0][0]
+            others: dict[str, list[str]] = {}
+            for shape in shapes:
+                if by_shape[shape] != common:
+                    others.setdefault(by_shape[shape], []).append("x".join(map(str, shape)))
+            text = f"{rows}: {common}" + "".join(f", {name} for {', '.join(listed)}" for name, listed in others.items())
+            if rows in self.seconds and (common != "linear" or others):
+                times = self.pass_seconds(rows)
+                text += f" ({1 - times['chosen'] / times['linear']:.0%} faster)"
+            return text
 
-        measured = sorted(set(self.kernels) | set(self.seconds))
-        return ", ".join(map(entry, measured)) or "F.linear everywhere (unmeasured)"
+        return "; ".join(map(entry, sorted(self.kernels))) or "F.linear everywhere (unmeasured)"
 
 
-Probe = tuple[list[torch.Tensor], float]  # the tensors of one shape the calls take turns on, the calls it stands for
-Measure = Callable[[Sequence[Probe], int], dict[str, float]]
+@dataclass
+class Probe:
+    shape: Shape  # the weight shape it stands for
+    turns: list[torch.Tensor]  # the tensors of that shape (or slices of them) its calls take in turn
+    scale: float  # how many of its calls a pass of the weights makes
 
 
-def measure_kernels(probes: Sequence[Probe], rows: int) -> dict[str, float]:
-    """-> {kernel: seconds for one pass of the weights}, each shape's call time counted `scale` times.
+Measure = Callable[[Sequence[Probe], int], dict[Shape, dict[str, float]]]
+
+
+def measure_kernels(probes: Sequence[Probe], rows: int) -> dict[Shape, dict[str, float]]:
+    """-> {weight shape: {kernel: seconds of that shape's calls in one pass of the weights}}.
 
     A call's time is its fastest of REPEATS: on a machine shared with other work a call is often delayed by
     a whole scheduler slice, far more than the difference measured, and a median would still see that
@@ -124,21 +163,22 @@ def measure_kernels(probes: Sequence[Probe], rows: int) -> dict[str, float]:
     as a forward does, not from a cache its previous call filled.
     """
     names = candidates(rows)
-    inputs = [torch.randn(1, rows, turns[0].shape[1], dtype=turns[0].dtype, device=turns[0].device)
-              for turns, _ in probes]
-    fastest = {name: [math.inf] * len(probes) for name in names}
+    inputs = [torch.randn(1, rows, probe.shape[1], dtype=probe.turns[0].dtype, device=probe.turns[0].device)
+              for probe in probes]
+    fastest = {probe.shape: dict.fromkeys(names, math.inf) for probe in probes}
     calls = 0
     for repeat in range(REPEATS + 1):  # the first round warms up
         for name in names:
-            kernel, times = KERNELS[name], fastest[name]
-            for index, ((turns, _), x) in enumerate(zip(probes, inputs)):
-                weight = turns[calls % len(turns)]
+            kernel = KERNELS[name]
+            for probe, x in zip(probes, inputs):
+                weight = probe.turns[calls % len(probe.turns)]
                 began = time.perf_counter()
                 kernel(x, weight, None)
                 if repeat:
-                    times[index] = min(times[index], time.perf_counter() - began)
+                    times = fastest[probe.shape]
+                    times[name] = min(times[name], time.perf_counter() - began)
             calls += 1
-    return {name: sum(scale * t for (_, scale), t in zip(probes, times)) for name, times in fastest.items()}
+    return {probe.shape: {name: probe.scale * t for name, t in fastest[probe.shape].items()} for probe in probes}
 
 
 def probe_weights(weights: Sequence[torch.Tensor]) -> list[Probe]:
@@ -146,9 +186,9 @@ def probe_weights(weights: Sequence[torch.Tensor]) -> list[Probe]:
 
     A weight larger than PROBE_ELEMENTS is timed on slices of its rows of that size. The calls of a shape
     take turns on all the model's weights (or slices) of that shape: a weight the last call read is still
-    in the cache (32 MiB of L3 holds any one of a 135M model's), which on one CPU made the 1-row F.linear
-    look fastest and 4-row F.linear only 1.5x slower than (W @ x^T)^T, where in the forward, whose
-    weights come from memory, a padded 2-row product beat it and the 4-row F.linear was 2x slower.
+    in the cache (32 MiB of L3 holds any one layer weight of a 135M model), and timed that way, 4-row
+    F.linear came out 1.5x slower than (W @ x^T)^T where in the forward, which reads every weight from
+    memory, it was 2x slower.
     """
     by_shape: dict[tuple, list[torch.Tensor]] = {}
     for weight in weights:
@@ -157,7 +197,7 @@ def probe_weights(weights: Sequence[torch.Tensor]) -> list[Probe]:
     for (out_features, in_features), same in by_shape.items():
         kept = min(out_features, max(1, PROBE_ELEMENTS // in_features))
         turns = [weight[first: first + kept] for weight in same for first in range(0, out_features - kept + 1, kept)]
-        probes.append((turns, len(same) * out_features / kept))
+        probes.append(Probe((out_features, in_features), turns, len(same) * out_features / kept))
     return probes
 
 
@@ -168,10 +208,20 @@ def fastest_kernel(times: Mapping[str, float]) -> str:
 
 
 def decide(weights: Sequence[torch.Tensor], measure: Measure = measure_kernels) -> RouteDecision:
+    """Each row count and weight shape takes its fastest kernel: on one CPU a 1-row product ran fastest
+    padded to 2 rows on the tall weights (the output head, the MLP's gate and up projections) and as F.linear on
+    the others."""
     probes = probe_weights(weights)
     with torch.inference_mode():
+        # weights mapped from a checkpoint file fault their pages in on first read (a 135M model's first pass
+        # took twice its second): that would fall on the first row count timed
+        for probe in probes:
+            for weight in probe.turns:
+                weight.sum()
         seconds = {rows: measure(probes, rows) for rows in ROWS}
-    return RouteDecision({rows: fastest_kernel(times) for rows, times in seconds.items()}, seconds)
+    kernels = {rows: {shape: fastest_kernel(times) for shape, times in by_shape.items()}
+               for rows, by_shape in seconds.items()}
+    return RouteDecision(kernels, seconds)
 
 
 _decided: dict[tuple, RouteDecision] = {}

@@ -81,8 +81,8 @@ class NativeLlamaRunner(CausalLMRunner):
                 layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)])
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """F.linear, through the kernel this machine measured fastest for x's row count."""
-        return self.skinny_route.kernel(x.numel() // x.shape[-1])(x, weight, bias)
+        """F.linear, through the kernel this machine measured fastest for x's row count and this weight's shape."""
+        return self.skinny_route.kernel(x.numel() // x.shape[-1], weight.shape)(x, weight, bias)
 
     def _rope_tables(self, max_len: int) -> None:
         """cos/sin [max_len, head_dim] from the model's own rotary module (any static RoPE variant)."""

@@ -12,59 +12,73 @@ from decode.tiny import tiny_llama
 WEIGHTS = [torch.randn(24, 16), torch.randn(24, 16), torch.randn(8, 16), torch.randn(50, 24)]
 
 
+SHAPES = [(24, 16), (8, 16), (50, 24)]
+
+
 def fake_measure(times):
-    """A measure that reports times(rows, kernel) seconds, recording the row counts it was asked about."""
+    """A measure that reports times(rows, shape, kernel) seconds, recording the row counts it was asked about."""
     def measure(probes, rows):
         measure.asked.append(rows)
-        return {name: times(rows, name) for name in candidates(rows)}
+        return {probe.shape: {name: times(rows, probe.shape, name) for name in candidates(rows)} for probe in probes}
 
     measure.asked = []
     return measure
 
 
-def test_every_row_count_from_1_to_9_is_measured_over_its_candidates():
-    measure = fake_measure(lambda rows, name: 1.0)
+def test_every_row_count_from_1_to_9_and_every_shape_is_measured_over_its_candidates():
+    measure = fake_measure(lambda rows, shape, name: 1.0)
     decision = decide(WEIGHTS, measure)
     assert measure.asked == list(range(1, 10))
-    assert set(decision.seconds[1]) == {"linear", "transposed", "mv", "padded", "padded_transposed"}
-    assert set(decision.seconds[5]) == {"linear", "transposed"}
+    assert set(decision.seconds[1]) == set(SHAPES)
+    assert set(decision.seconds[1][(8, 16)]) == {"linear", "transposed", "mv", "padded", "padded_transposed"}
+    assert set(decision.seconds[5][(8, 16)]) == {"linear", "transposed"}
 
 
-def test_each_row_count_takes_its_fastest_candidate():
-    speeds = {1: {"padded": 0.4, "mv": 0.6}, 2: {"transposed": 0.5}, 3: {"transposed": 1.3}}
-    decision = decide(WEIGHTS, fake_measure(lambda rows, name: speeds.get(rows, {}).get(name, 1.0)))
-    assert decision.kernel_name(1) == "padded" and decision.kernel(1) is KERNELS["padded"]
-    assert decision.kernel_name(2) == "transposed"
-    assert decision.kernel_name(3) == "linear"  # F.linear measured faster
-    assert decision.kernel_name(12) == "linear"  # a row count never measured
-    assert decision.summary()["kernels"]["1"] == "padded" and decision.summary()["ms"]["1"]["padded"] == 400.0
-    assert "1: padded (60% faster)" in decision.describe() and "3: linear" in decision.describe()
+def test_each_row_count_and_shape_takes_its_fastest_candidate():
+    speeds = {(1, (50, 24)): {"padded": 0.4, "mv": 0.6}, (1, (24, 16)): {"mv": 0.5},
+              (2, (50, 24)): {"transposed": 0.5}, (2, (24, 16)): {"transposed": 0.5}, (2, (8, 16)): {"transposed": 0.5},
+              (3, (50, 24)): {"transposed": 1.3}}
+    decision = decide(WEIGHTS, fake_measure(lambda rows, shape, name: speeds.get((rows, shape), {}).get(name, 1.0)))
+    assert decision.kernel_name(1, (50, 24)) == "padded" and decision.kernel(1, (50, 24)) is KERNELS["padded"]
+    assert decision.kernel_name(1, torch.Size([24, 16])) == "mv"  # the runner passes weight.shape
+    assert decision.kernel_name(1, (8, 16)) == "linear"
+    assert decision.kernel_name(2, (8, 16)) == "transposed"
+    assert decision.kernel_name(3, (50, 24)) == "linear"  # F.linear measured faster
+    assert decision.kernel_name(12, (50, 24)) == "linear"  # a row count never measured
+    assert decision.pass_seconds(1) == {"linear": 3.0, "chosen": pytest.approx(0.4 + 0.5 + 1.0)}
+    summary = decision.summary()
+    assert summary["kernels"]["1"] == {"24x16": "mv", "8x16": "linear", "50x24": "padded"}
+    assert summary["ms"]["1"]["50x24"]["padded"] == 400.0
+    described = decision.describe()
+    assert "1: mv, linear for 8x16, padded for 50x24 (37% faster)" in described  # 1 - 1.9 / 3
+    assert "2: transposed (50% faster)" in described and "3: linear;" in described
 
 
 def test_a_win_smaller_than_the_margin_keeps_f_linear():
-    decision = decide(WEIGHTS, fake_measure(lambda rows, name: 1.0 if name == "linear" else 0.95))
-    assert all(decision.kernel_name(rows) == "linear" for rows in ROWS)
+    decision = decide(WEIGHTS, fake_measure(lambda rows, shape, name: 1.0 if name == "linear" else 0.95))
+    assert all(decision.kernel_name(rows, shape) == "linear" for rows in ROWS for shape in SHAPES)
 
 
 def test_forcing_a_kernel_routes_those_row_counts_only():
     decision = RouteDecision.forced({1: "mv", 2: "transposed", 4: "transposed"})
     assert [decision.kernel_name(rows) for rows in (1, 2, 3, 4)] == ["mv", "transposed", "linear", "transposed"]
-    assert decision.seconds == {}
+    assert decision.kernel_name(1, (24, 16)) == "mv"  # every shape
+    assert decision.seconds == {} and decision.describe() == "1: mv; 2: transposed; 4: transposed"
     with pytest.raises(ValueError, match="cannot compute a product of 2 rows"):
         RouteDecision.forced({1: "padded", 2: "padded"})
 
 
 def test_each_shape_is_probed_once_on_every_weight_of_it_and_a_large_weight_in_slices(monkeypatch):
     monkeypatch.setattr(matmul_route, "PROBE_ELEMENTS", 16 * 10)
-    probes = {tuple(turns[0].shape): (turns, scale) for turns, scale in probe_weights(WEIGHTS)}
-    assert {shape: scale for shape, (_, scale) in probes.items()} == {(10, 16): 2 * 24 / 10, (8, 16): 1.0,
-                                                                      (6, 24): 50 / 6}
-    turns = probes[(10, 16)][0]
-    assert len(turns) == 4  # 2 slices of each 24-row weight
+    probes = {probe.shape: probe for probe in probe_weights(WEIGHTS)}
+    assert {shape: probe.scale for shape, probe in probes.items()} == {(24, 16): 2 * 24 / 10, (8, 16): 1.0,
+                                                                       (50, 24): 50 / 6}
+    turns = probes[(24, 16)].turns
+    assert len(turns) == 4  # 2 slices of 10 rows of each 24-row weight
     assert all(turn.shape == (10, 16) for turn in turns)
     torch.testing.assert_close(turns[1], WEIGHTS[0][10:20])
     torch.testing.assert_close(turns[2], WEIGHTS[1][:10])
-    assert len(probes[(6, 24)][0]) == 8
+    assert len(probes[(50, 24)].turns) == 8
 
 
 def test_consecutive_calls_of_a_shape_read_different_weights(monkeypatch):
@@ -94,13 +108,15 @@ def test_a_model_too_small_for_the_layout_to_matter_is_not_measured(monkeypatch)
     assert skinny_route(WEIGHTS).kernels == {}
 
 
-def test_the_real_probe_times_every_candidate_of_every_row_count():
+def test_the_real_probe_times_every_candidate_of_every_row_count_and_shape():
     decision = decide(WEIGHTS)
     assert set(decision.seconds) == set(ROWS)
     for rows in ROWS:
-        assert set(decision.seconds[rows]) == set(candidates(rows))
-        assert all(seconds > 0 for seconds in decision.seconds[rows].values())
-        assert decision.kernel_name(rows) in candidates(rows)
+        assert set(decision.seconds[rows]) == set(SHAPES)
+        for shape in SHAPES:
+            assert set(decision.seconds[rows][shape]) == set(candidates(rows))
+            assert all(seconds > 0 for seconds in decision.seconds[rows][shape].values())
+            assert decision.kernel_name(rows, shape) in candidates(rows)
 
 
 @pytest.mark.parametrize("rows", ROWS)
