@@ -61,7 +61,11 @@ def finite(value: Optional[float]) -> Optional[float]:
 def figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], gamma: int, step_costs: Optional[StepCosts],
             min_gamma: int = 1, max_gamma: int = 8, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
     """One draft on a set of batches at one gamma: summed counts first (so that figures merge), then the rates,
-    the measured and predicted speedup, the recommended gamma, and `flags`: what makes the speedup untrustworthy."""
+    the measured and predicted speedup, the recommended gamma, and `flags`: what makes the speedup untrustworthy.
+
+    step_costs (timed apart from the decodes, every gamma) give the recommended gamma; with AR decoded beside
+    the draft, c, v and the prediction are those of the decodes themselves (predicted_from_decodes), else the
+    step costs'."""
     total = sum(spec, DecodeMetrics())
     acceptance = finite(total.token_acceptance)
     intervals = acceptance_intervals(spec, ar, samples, seed)
@@ -77,17 +81,35 @@ def figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], gamma: int, step
         "c": None, "v": None, "predicted_speedup": None, "recommended_gamma": None, "flags": [],
         "counts": asdict(total), "ar_counts": None,
     }
+    if step_costs is not None and acceptance is not None:
+        result.update(c=step_costs.c, v=step_costs.v(gamma),
+                      predicted_speedup=step_costs.predicted_speedup(acceptance, gamma),
+                      recommended_gamma=recommended_gamma(acceptance, step_costs, min_gamma, max_gamma))
     if ar:
         ar_total = sum(ar, DecodeMetrics())
         result.update(ar_tokens_per_s=finite(ar_total.tokens_per_s), ar_counts=asdict(ar_total),
                       speedup=finite(total.tokens_per_s / ar_total.tokens_per_s),
                       speedup_interval=intervals["speedup_interval"])
-    if step_costs is not None and acceptance is not None:
-        result.update(c=step_costs.c, v=step_costs.v(gamma),
-                      predicted_speedup=step_costs.predicted_speedup(acceptance, gamma),
-                      recommended_gamma=recommended_gamma(acceptance, step_costs, min_gamma, max_gamma))
+        if acceptance is not None and total.drafted and total.rounds and ar_total.rounds:
+            result.update(predicted_from_decodes(total, ar_total, acceptance, gamma))
+    if result["v"] is not None:
         result["flags"] = baseline_flags(result)
     return result
+
+
+def predicted_from_decodes(spec: DecodeMetrics, ar: DecodeMetrics, token_acceptance: float, gamma: int) -> dict:
+    """c, v and the predicted speedup as the decodes themselves ran their steps (in AR steps of the same pass):
+    c = the draft's time per drafted token, v = the target's verify per round, and each side's time outside the
+    model steps per step (sampling, bookkeeping). The prediction counts a verify as at least one AR step (a
+    verify of more tokens never costs less than one of one), so a slow AR step, which inflates the measured
+    speedup, makes the measured speedup exceed the prediction."""
+    ar_step_s, ar_other_s = ar.verify_s / ar.rounds, ar.other_s / ar.rounds
+    c = spec.draft_s / spec.drafted / ar_step_s
+    v = spec.verify_s / spec.rounds / ar_step_s
+    drafted_per_round, spec_other = spec.drafted / spec.rounds, spec.other_s / spec.rounds / ar_step_s
+    round_cost = drafted_per_round * c + max(v, 1.0) + spec_other
+    predicted = expected_tokens_per_round(token_acceptance, gamma) * (1 + ar_other_s / ar_step_s) / round_cost
+    return {"c": c, "v": v, "predicted_speedup": predicted}
 
 
 def baseline_flags(result: dict) -> list[str]:
