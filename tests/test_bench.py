@@ -54,6 +54,10 @@ def test_a_verify_cheaper_than_an_ar_step_is_called_out():
         in format_costs(report)
     report["step_costs"]["512"]["v"] = {"1": 1.02, "2": 1.11, "3": 1.2}
     assert "AR path is slow" not in format_costs(report)
+    # at any context timed, not only the long one
+    report["step_costs"]["32"] = {"target_step_ms": 50.0, "draft_step_ms": 10.0, "c": 0.2, "v": {"1": 0.94}}
+    assert "at 32 tokens a verify of gamma + 1 tokens cost less than 95% of one AR step for gamma 1" \
+        in format_costs(report)
 
 
 def test_llama_server_missing_is_a_stated_reason(monkeypatch, tmp_path):
