@@ -18,7 +18,6 @@ from pathlib import Path
 import numpy as np
 import torch
 from matplotlib.figure import Figure
-from tqdm.auto import tqdm
 
 from decode.config import DecodeConfig, PairConfig
 from decode.errors import ConfigError, PairError

@@ -1,7 +1,6 @@
 """Step costs on the tiny models: every step is timed, and the ratios and the predicted speedup follow from them."""
 
 import pytest
-import torch
 
 from decode.native import NativeLlamaRunner
 from decode.sampling import SamplingParams
