@@ -134,8 +134,11 @@ def baseline_flags(result: dict) -> list[str]:
 
 
 def baseline_is_off(result: dict) -> bool:
-    """Whether a flag says the speedup over AR is inflated (not merely short of its prediction)."""
-    return any("inflated" in flag or "is off" in flag for flag in result.get("flags", []))
+    """Whether the speedup over AR is inflated (not merely short of its prediction): a verify cheaper than an AR
+    step, or a measured speedup above its prediction by more than its interval."""
+    v, interval, predicted = result.get("v"), result.get("speedup_interval"), result.get("predicted_speedup")
+    slow_ar = v is not None and v < MIN_VERIFY_COST
+    return slow_ar or (interval is not None and predicted is not None and interval[0] > predicted)
 
 
 def acceptance_intervals(speculative: list[DecodeMetrics], autoregressive: list[DecodeMetrics] | None,
