@@ -40,6 +40,12 @@ class RunContext:
                               f"(stages=[generate,train,...])")
         return ModelSpec(path=str(self.draft_dir), dtype=self.target_spec.dtype, device=self.device)
 
+    def load_trained_draft(self):
+        """The trained draft of this run as a model (or EAGLE-3 head) on the target's device."""
+        from decode.pair import load_draft
+
+        return load_draft(self.pair.target, self.pair.tokenizer, self.trained_draft_spec())[0]
+
     def draft_fingerprint(self) -> str:
         """The identity of the trained draft on disk: what the records of later stages are tied to."""
         self.trained_draft_spec()

@@ -26,6 +26,9 @@ class HFRunner(CausalLMRunner):
         forward_args = inspect.signature(model.forward).parameters
         self._cache_arg = "cache" if "cache" in forward_args else "past_key_values"
         self.cache = None
+        # layers whose input states a forward keeps in `captured` [B, T, len x H] (an EAGLE-3 head reads them)
+        self.capture_layers: tuple[int, ...] = ()
+        self.captured: torch.Tensor | None = None
         kept = kept_token_ids(model)
         self.dropped = None
         if kept:  # a pruned draft: tokens outside its vocabulary get q = 0
@@ -51,7 +54,11 @@ class HFRunner(CausalLMRunner):
         additive_mask = torch.zeros(visible.shape, dtype=self.dtype, device=self.device)
         additive_mask.masked_fill_(~visible, torch.finfo(self.dtype).min)
         # The full model, not base model + head: some architectures post-process their logits.
-        logits = self.model(input_ids=tokens, attention_mask=additive_mask[:, None], position_ids=positions,
-                            use_cache=True, **{self._cache_arg: self.cache}).logits
-        logits = select_positions(logits, logits_at)[..., : self.vocab_size]
+        output = self.model(input_ids=tokens, attention_mask=additive_mask[:, None], position_ids=positions,
+                            use_cache=True, output_hidden_states=bool(self.capture_layers),
+                            **{self._cache_arg: self.cache})
+        # hidden_states[i] is what layer i reads
+        self.captured = torch.cat([output.hidden_states[i] for i in self.capture_layers], dim=-1) \
+            if self.capture_layers else None
+        logits = select_positions(output.logits, logits_at)[..., : self.vocab_size]
         return logits if self.dropped is None else logits.masked_fill(self.dropped, float("-inf"))

@@ -221,7 +221,21 @@ def decide(weights: Sequence[torch.Tensor], measure: Measure = measure_kernels) 
         seconds = {rows: measure(probes, rows) for rows in ROWS}
     kernels = {rows: {shape: fastest_kernel(times) for shape, times in by_shape.items()}
                for rows, by_shape in seconds.items()}
+    no_slower_than_two_rows(kernels, seconds)
     return RouteDecision(kernels, seconds)
+
+
+PADDED = {"linear": "padded", "transposed": "padded_transposed"}
+
+
+def no_slower_than_two_rows(kernels: dict, seconds: Mapping) -> None:
+    """A 1-row product can always run as the 2-row one with a zero row: where the 1-row kernel chosen measured
+    slower than the 2-row kernel of that shape, it takes that kernel padded. Otherwise probe noise could leave an
+    AR step dearer than a verify of one drafted token (v(1) < 1), and every speedup measured against it inflated."""
+    for shape, times in seconds[1].items():
+        two_rows = kernels[2][shape]
+        if times[kernels[1][shape]] > seconds[2][shape][two_rows]:
+            kernels[1][shape] = PADDED[two_rows]
 
 
 _decided: dict[tuple, RouteDecision] = {}

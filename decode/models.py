@@ -18,7 +18,7 @@ import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import List, Optional
 
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -44,6 +44,9 @@ class ModelSpec:
     derive_layers: int | None = None  # draft only: take the target's first N layers instead of a path
     fresh: dict | None = None  # draft only: a new model, the target's config with these changes
     backend: str = "auto"  # auto: native for Llama-family models, transformers otherwise
+    # draft only: causal_lm (a model of its own) | eagle3 (a head over the target's hidden states)
+    kind: str = "causal_lm"
+    capture_layers: Optional[List[int]] = None  # eagle3: the 3 target layers read; None: [2, N // 2, N - 3]
     revision: str | None = None
     trust_remote_code: bool = False
 

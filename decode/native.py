@@ -75,6 +75,9 @@ class NativeLlamaRunner(CausalLMRunner):
         self.device = self.embed.device
         self.cache: KVCache | None = None
         self._rope_len = 0
+        # layers whose input states a forward keeps in `captured` [B, T, len x H] (an EAGLE-3 head reads them)
+        self.capture_layers: tuple[int, ...] = ()
+        self.captured: torch.Tensor | None = None
         self.skinny_route = skinny_route([self.head] + [
             projection.weight for layer in self.layers for projection in (
                 layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
@@ -112,7 +115,10 @@ class NativeLlamaRunner(CausalLMRunner):
         key_slots = torch.arange(kv_len, device=self.device)
         attend = key_slots[None, None, None, :] <= positions[:, None, :, None]  # [B, 1, T, kv_len]
         hidden = F.embedding(tokens, self.embed)
+        captured = []
         for index, layer in enumerate(self.layers):
+            if index in self.capture_layers:
+                captured.append(hidden)
             hidden = hidden + self._attention(index, layer, rms_norm(
                 hidden, layer.input_layernorm.weight, self.eps), positions, cos, sin, attend, kv_len)
             mlp = layer.mlp
@@ -120,6 +126,7 @@ class NativeLlamaRunner(CausalLMRunner):
             gate = self.linear(normed, mlp.gate_proj.weight, mlp.gate_proj.bias)
             up = self.linear(normed, mlp.up_proj.weight, mlp.up_proj.bias)
             hidden = hidden + self.linear(F.silu(gate) * up, mlp.down_proj.weight, mlp.down_proj.bias)
+        self.captured = torch.cat(captured, dim=-1) if captured else None
         hidden = rms_norm(select_positions(hidden, logits_at), self.final_norm, self.eps)
         logits = self.linear(hidden, self.head)
         if self.kept_ids is None:

@@ -9,11 +9,16 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from decode.eagle3.head import Eagle3Head, check_head_fits, is_eagle3_directory, load_head, new_head
+from decode.eagle3.runner import Eagle3Runner
 from decode.errors import PairError
-from decode.models import ModelSpec, derive_draft, fresh_draft, load_model, load_tokenizer, make_runner
+from decode.models import (ModelSpec, derive_draft, fresh_draft, load_model, load_tokenizer, locate, make_runner,
+                           resolve_dtype)
 from decode.speculative import SpeculativeDecoder
 
 log = logging.getLogger(__name__)
+
+DRAFT_KINDS = ("causal_lm", "eagle3")
 
 # Text the two tokenizers must split identically: code, numbers, accents, CJK, emoji, whitespace runs.
 TOKENIZER_PROBE = [
@@ -30,6 +35,7 @@ class ModelPair:
     tokenizer: object  # the target's; checked to equal the draft's
     target_backend: str = "auto"
     draft_backend: str = "auto"
+    draft_path: str | None = None  # where the draft was loaded from; None for a derived, fresh or untrained one
 
     @property
     def vocab_size(self) -> int:
@@ -39,18 +45,31 @@ class ModelPair:
     def eos_token_ids(self) -> list[int]:
         return eos_token_ids(self.tokenizer, self.target)
 
+    @property
+    def draft_kind(self) -> str:
+        return draft_kind(self.draft)
+
     def target_runner(self):
         return make_runner(self.target, self.vocab_size, self.target_backend)
 
+    def draft_runner(self, draft: torch.nn.Module | None = None):
+        draft = self.draft if draft is None else draft
+        if isinstance(draft, Eagle3Head):
+            return Eagle3Runner(draft, self.target.get_input_embeddings().weight, self.vocab_size)
+        return make_runner(draft, self.vocab_size, self.draft_backend)
+
     def decoder(self, draft: torch.nn.Module | None = None) -> SpeculativeDecoder:
         """A decoder over the pair (or over the target and another draft of the same tokenizer)."""
-        draft = self.draft if draft is None else draft
-        return SpeculativeDecoder(
-            self.target_runner(), make_runner(draft, self.vocab_size, self.draft_backend),
-            self.eos_token_ids, pad_token_id=self.tokenizer.pad_token_id or 0)
+        return SpeculativeDecoder(self.target_runner(), self.draft_runner(draft), self.eos_token_ids,
+                                  pad_token_id=self.tokenizer.pad_token_id or 0)
 
     def encode_chat(self, prompts: list[str], system: str | None = None) -> list[list[int]]:
         return [encode_chat(self.tokenizer, prompt, system) for prompt in prompts]
+
+
+def draft_kind(draft: torch.nn.Module) -> str:
+    """eagle3 for a head over the target's hidden states, causal_lm for a model of its own."""
+    return "eagle3" if isinstance(draft, Eagle3Head) else "causal_lm"
 
 
 def eos_token_ids(tokenizer, model=None) -> list[int]:
@@ -110,6 +129,12 @@ def _merges(tokenizer) -> list:
 
 
 def check_pair(target, draft, target_tok, draft_tok, check_chat_template: bool = True) -> None:
+    if isinstance(draft, Eagle3Head):  # it reads the target's own embeddings: its tokens are the target's
+        check_head_fits(draft, target)
+        if len(target_tok) > draft.config.vocab_size:
+            raise PairError(f"the EAGLE-3 head knows {draft.config.vocab_size} tokens, the target's tokenizer "
+                            f"{len(target_tok)}: train a head for this target")
+        return
     problems = tokenizer_differences(target_tok, draft_tok)
     if problems:
         raise PairError("draft and target tokenizers differ, so their token ids cannot be compared: "
@@ -136,11 +161,21 @@ def check_pair(target, draft, target_tok, draft_tok, check_chat_template: bool =
 
 def load_draft(target, target_tokenizer, spec: ModelSpec) -> tuple[torch.nn.Module, object]:
     """-> (draft, its tokenizer): a model at spec.path, else a fresh or derived draft over the target's tokenizer."""
+    if spec.kind not in DRAFT_KINDS:
+        raise PairError(f"pair.draft.kind must be one of {DRAFT_KINDS}, got {spec.kind!r}")
     parameter = next(target.parameters())  # a draft without its own dtype or device takes the target's
     spec = replace(spec, dtype=spec.dtype or str(parameter.dtype).removeprefix("torch."),
                    device=spec.device or str(parameter.device))
     if spec.path:  # a path wins over derive_layers, so pair.draft.path=... alone switches drafts
+        head_dir = eagle3_directory(spec)
+        if head_dir:
+            return load_eagle3(target, head_dir, spec), target_tokenizer
+        if spec.kind == "eagle3":
+            raise PairError(f"pair.draft.kind=eagle3 but {spec.path} is not an EAGLE-3 head (its config.json has no "
+                            f"speculators_model_type eagle3)")
         return load_model(spec), load_tokenizer(spec)
+    if spec.kind == "eagle3":  # untrained: every token in its vocabulary, the layer random
+        return new_head(target, list(range(len(target_tokenizer))), spec.capture_layers), target_tokenizer
     if spec.fresh:
         return fresh_draft(target, dict(spec.fresh)), target_tokenizer
     if spec.derive_layers:
@@ -149,9 +184,30 @@ def load_draft(target, target_tokenizer, spec: ModelSpec) -> tuple[torch.nn.Modu
                     "pair.draft.derive_layers (N target layers)")
 
 
+def eagle3_directory(spec: ModelSpec) -> str | None:
+    """The directory of the EAGLE-3 head spec.path names (itself, or an export's draft/), else None."""
+    if spec.path.endswith(".gguf") or "://" in spec.path:
+        return None
+    try:
+        directory, _ = locate(spec)
+    except PairError:
+        return None
+    return directory if is_eagle3_directory(directory) else None
+
+
+def load_eagle3(target, directory: str, spec: ModelSpec) -> Eagle3Head:
+    parameter = next(target.parameters())
+    head = load_head(directory, dtype=resolve_dtype(spec.dtype, parameter.device) if spec.dtype else parameter.dtype,
+                     device=parameter.device)
+    if spec.capture_layers and list(spec.capture_layers) != list(head.config.capture_layers):
+        raise PairError(f"pair.draft.capture_layers={list(spec.capture_layers)} but the head at {directory} was "
+                        f"trained on layers {head.config.capture_layers}; leave capture_layers unset")
+    return head
+
+
 def load_pair(target_spec: ModelSpec, draft_spec: ModelSpec, check_chat_template: bool = True) -> ModelPair:
     tokenizer = load_tokenizer(target_spec)
     target = load_model(target_spec)
     draft, draft_tokenizer = load_draft(target, tokenizer, draft_spec)
     check_pair(target, draft, tokenizer, draft_tokenizer, check_chat_template)
-    return ModelPair(target, draft, tokenizer, target_spec.backend, draft_spec.backend)
+    return ModelPair(target, draft, tokenizer, target_spec.backend, draft_spec.backend, draft_spec.path)

@@ -50,6 +50,14 @@ class TrainResult:
     draft_vocab_size: Optional[int] = None  # None: the full vocabulary
     on_policy_samples: int = 0
     on_policy_seconds: float = 0.0
+    # EAGLE-3 heads: validation acceptance of each draft step at the end (the first is validation_acceptance_end),
+    # and the target's capture-layer states the head reads (distill/eagle3_features.py): the seconds of the
+    # forwards that computed them (a rerun reuses them and reports the first computation's), their tokens, and
+    # the bytes of one token's states in memory
+    validation_acceptance_steps: Optional[list] = None
+    feature_seconds: Optional[float] = None
+    feature_tokens: Optional[int] = None
+    feature_bytes_per_token: Optional[int] = None
 
 
 @dataclass

@@ -17,6 +17,10 @@ class CausalLMRunner(abc.ABC):
     vocab_size: int  # logits are cut to the tokenizer's vocabulary (padded rows dropped)
     device: torch.device
     dtype: torch.dtype
+    # the layers whose input states a forward keeps in `captured` [B, T, len(capture_layers) x hidden]:
+    # what an EAGLE-3 head reads (empty: nothing kept)
+    capture_layers: tuple[int, ...] = ()
+    captured: torch.Tensor | None = None
 
     @abc.abstractmethod
     def reset(self, batch_size: int, max_len: int) -> None:

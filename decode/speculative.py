@@ -13,6 +13,10 @@ Cache invariants between rounds, per row, with `length` tokens known:
   draft cache holds at least [0, length - 2): after a fully accepted round x_g
   and the bonus token are both pending, so each round starts by feeding the
   draft the last two tokens (rewriting one slot when only one was pending).
+An EAGLE-3 head (decode/eagle3/) reads the target's states instead: at head position P, g_P and token
+P + 1. Right after each verify it reads the verified positions (each row's accepted ones count; the
+rest are overwritten later), so its cache holds [0, length - 1) and its output at length - 2, which
+predicts token `length`, is ready for the next round.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from typing import Sequence
 
 import torch
 
+from decode.eagle3.runner import Eagle3Runner
 from decode.metrics import DecodeMetrics, PhaseTimer
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams, probs_from_logits, sample
@@ -110,7 +115,7 @@ class Generation:
 class SpeculativeDecoder:
     """Speculative decoding of a target with a draft, and the AR baseline on the same engine."""
 
-    def __init__(self, target: CausalLMRunner, draft: CausalLMRunner | None,
+    def __init__(self, target: CausalLMRunner, draft: CausalLMRunner | Eagle3Runner | None,
                  eos_token_ids: Sequence[int], pad_token_id: int = 0):
         if draft is not None and draft.vocab_size != target.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.vocab_size}) != target vocabulary ({target.vocab_size})")
@@ -133,6 +138,9 @@ class SpeculativeDecoder:
         if speculative and record_top_k:
             raise ValueError("record_top_k is for autoregressive decoding (gamma=None)")
         state = _Batch(self, prompts, max_new_tokens, gamma.largest if speculative else 0, seed, record_top_k)
+        drafter = _drafter(self.draft) if speculative else None
+        # an EAGLE-3 head reads the target's states at its capture layers: the target keeps them only then
+        self.target.capture_layers = getattr(drafter, "capture_layers", ())
         timer = PhaseTimer(self.device)
         began = timer.start()
         self.target.reset(state.batch, state.capacity)
@@ -141,7 +149,8 @@ class SpeculativeDecoder:
         if speculative:
             started = timer.start()
             self.draft.reset(state.batch, state.capacity)
-            state.prefill_draft()
+            state.drafter = drafter
+            drafter.prefill(state)
             timer.add("draft_prefill", started)
         current_gamma = gamma.gamma if speculative else 0
         while state.any_active:
@@ -154,6 +163,7 @@ class SpeculativeDecoder:
                 state.autoregressive_step(sampling, timer)
         timer.add("total", began)
         self.target.free()
+        self.target.capture_layers = ()
         if speculative:
             self.draft.free()
         return state.result(timer)
@@ -200,6 +210,8 @@ class _Batch:
         self.row_counts = torch.zeros(self.batch, 3, dtype=torch.long, device=device)  # drafted, accepted, rejected
         self.record_top_k = record_top_k
         self.recorded: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: ids, log-probs [B, k]
+        self.drafter: _IndependentDraft | _Eagle3Draft | None = None
+        self.target_hidden: torch.Tensor | None = None  # the last target forward's capture-layer states
 
     def _record(self, logits: torch.Tensor) -> None:
         if self.record_top_k:
@@ -224,15 +236,10 @@ class _Batch:
         start = torch.zeros(self.batch, dtype=torch.long, device=self.tokens.device)
         last_prompt_position = (self.lengths - 1)[:, None]
         logits = self.decoder.target.forward(prompt_block, start, self.longest_prompt, logits_at=last_prompt_position)
+        self.target_hidden = self.decoder.target.captured
         self._record(logits[:, 0])
         first = sample(probs_from_logits(logits[:, 0], sampling), self.generator)
         self._emit(first[:, None], torch.ones_like(first))
-
-    def prefill_draft(self) -> None:
-        prompt_block = self.tokens[:, : self.longest_prompt]
-        start = torch.zeros(self.batch, dtype=torch.long, device=self.tokens.device)
-        no_logits = torch.empty(self.batch, 0, dtype=torch.long, device=self.tokens.device)
-        self.decoder.draft.forward(prompt_block, start, self.longest_prompt, logits_at=no_logits)
 
     def autoregressive_step(self, sampling: SamplingParams, timer: PhaseTimer) -> None:
         started = timer.start()
@@ -253,12 +260,15 @@ class _Batch:
         """One round at the policy's gamma -> the accepted counts of the rows that took part."""
         drafting = min(gamma, self.largest_remaining)  # no draft step for a token no row may emit
         kv_len = self._kv_len(drafting + 1)
-        draft_tokens, draft_probs = self._propose(drafting, sampling, kv_len, timer)
+        started = timer.start()
+        draft_tokens, draft_probs = self.drafter.propose(self, drafting, sampling, kv_len)
+        timer.add("draft", started)  # the draft's sampling is part of its time: a step is its forward and draw
 
         started = timer.start()
         start = self.lengths - 1
         verify_tokens = torch.cat([self.tokens.gather(1, start[:, None]), draft_tokens], dim=1)
         target_logits = self.decoder.target.forward(verify_tokens, start, kv_len)
+        self.target_hidden = self.decoder.target.captured
         timer.add("verify", started)
 
         target_probs = probs_from_logits(target_logits, sampling)
@@ -269,6 +279,10 @@ class _Batch:
         was_active = list(self.active_host)
         self._count_round(gamma)
         accepted_host = self._emit(new_tokens, accepted_counts + 1, extra=accepted_counts)
+        if self.any_active:
+            started = timer.start()
+            self.drafter.verified(self, new_tokens, accepted_counts, start, kv_len)
+            timer.add("draft", started)
         return [n for n, active in zip(accepted_host, was_active) if active]
 
     def _count_proposals(self, draft_tokens: torch.Tensor, accepted_counts: torch.Tensor) -> None:
@@ -288,28 +302,6 @@ class _Batch:
         rejected = accepted_counts < drafted
         self.rejected += rejected.sum()
         self.row_counts += torch.stack([drafted, accepted, rejected.long()], dim=-1)
-
-    def _propose(self, gamma: int, sampling: SamplingParams, kv_len: int, timer: PhaseTimer):
-        """Draft gamma tokens per row -> tokens [B, gamma], their distributions q [B, gamma, V].
-
-        The draft's sampling is part of its time: a step costs its forward and its draw.
-        """
-        started = timer.start()
-        draft = self.decoder.draft
-        start = self.lengths - 2
-        catch_up = self.tokens.gather(1, start[:, None] + torch.arange(2, device=start.device))
-        last = torch.ones(self.batch, 1, dtype=torch.long, device=start.device)
-        logits = draft.forward(catch_up, start, kv_len, logits_at=last)
-        tokens, probs = [], []
-        for step in range(gamma):
-            step_probs = probs_from_logits(logits[:, -1], sampling)
-            step_tokens = sample(step_probs, self.generator)
-            tokens.append(step_tokens)
-            probs.append(step_probs)
-            if step < gamma - 1:
-                logits = draft.forward(step_tokens[:, None], self.lengths + step, kv_len)
-        timer.add("draft", started)
-        return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
 
     def _emit(self, new_tokens: torch.Tensor, proposed: torch.Tensor, extra: torch.Tensor | None = None):
         """Append up to proposed [B] of new_tokens [B, K] per active row, cut at EOS and at the budget.
@@ -357,3 +349,81 @@ class _Batch:
             top_logprobs = [(ids[b][: len(tokens[b])], values[b][: len(tokens[b])]) for b in range(self.batch)]
         return Generation(tokens=tokens, metrics=metrics, stopped_by_eos=self.stopped_by_eos.tolist(),
                           top_logprobs=top_logprobs)
+
+
+def _drafter(draft) -> "_IndependentDraft | _Eagle3Draft":
+    return _Eagle3Draft(draft) if isinstance(draft, Eagle3Runner) else _IndependentDraft(draft)
+
+
+def _sample_steps(first_logits: torch.Tensor, gamma: int, sampling: SamplingParams, generator, next_logits):
+    """gamma draws, each from the draft's last logits; next_logits(step, tokens) runs the draft on them.
+    -> tokens [B, gamma], their distributions q [B, gamma, V]."""
+    logits, tokens, probs = first_logits, [], []
+    for step in range(gamma):
+        step_probs = probs_from_logits(logits[:, -1], sampling)
+        step_tokens = sample(step_probs, generator)
+        tokens.append(step_tokens)
+        probs.append(step_probs)
+        if step < gamma - 1:
+            logits = next_logits(step, step_tokens)
+    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
+
+
+class _IndependentDraft:
+    """A draft model of its own: it reads the tokens, one forward per drafted token."""
+
+    def __init__(self, runner: CausalLMRunner):
+        self.runner = runner
+
+    def prefill(self, state: _Batch) -> None:
+        prompt_block = state.tokens[:, : state.longest_prompt]
+        start = torch.zeros(state.batch, dtype=torch.long, device=state.tokens.device)
+        no_logits = torch.empty(state.batch, 0, dtype=torch.long, device=state.tokens.device)
+        self.runner.forward(prompt_block, start, state.longest_prompt, logits_at=no_logits)
+
+    def propose(self, state: _Batch, gamma: int, sampling: SamplingParams, kv_len: int):
+        start = state.lengths - 2
+        catch_up = state.tokens.gather(1, start[:, None] + torch.arange(2, device=start.device))
+        last = torch.ones(state.batch, 1, dtype=torch.long, device=start.device)
+        logits = self.runner.forward(catch_up, start, kv_len, logits_at=last)
+        return _sample_steps(logits, gamma, sampling, state.generator, lambda step, tokens: self.runner.forward(
+            tokens[:, None], state.lengths + step, kv_len))
+
+    def verified(self, state: _Batch, new_tokens, accepted_counts, start, kv_len) -> None:
+        """Nothing to do: the next round's catch-up feeds the tokens this one added."""
+
+
+class _Eagle3Draft:
+    """An EAGLE-3 head: it reads the target's states of the tokens the target has seen, then its own.
+
+    Between rounds `ready` holds its logits and output at position length - 2 (predicting token `length`).
+    """
+
+    def __init__(self, runner: Eagle3Runner):
+        self.runner = runner
+        self.capture_layers = runner.capture_layers
+        self.ready: tuple[torch.Tensor, torch.Tensor] | None = None
+
+    def prefill(self, state: _Batch) -> None:
+        """Head position P < prompt length reads g_P and token P + 1 (the first answer token at the end)."""
+        width = state.longest_prompt
+        start = torch.zeros(state.batch, dtype=torch.long, device=state.tokens.device)
+        self.ready = self.runner.forward(state.tokens[:, 1: width + 1], state.target_hidden, start, width,
+                                         logits_at=(state.lengths - 2)[:, None])
+
+    def propose(self, state: _Batch, gamma: int, sampling: SamplingParams, kv_len: int):
+        logits, hidden = self.ready
+
+        def next_logits(step, tokens):
+            nonlocal hidden  # the head's own output feeds its next step, at the next position
+            step_logits, hidden = self.runner.forward(tokens[:, None], hidden, state.lengths - 1 + step, kv_len,
+                                                      from_target=False)
+            return step_logits
+
+        return _sample_steps(logits, gamma, sampling, state.generator, next_logits)
+
+    def verified(self, state: _Batch, new_tokens, accepted_counts, start, kv_len) -> None:
+        """The verify's positions start .. start + gamma with the tokens after them (new_tokens: the accepted
+        drafts, then the resampled or bonus token); the output at the last accepted one is kept."""
+        self.ready = self.runner.forward(new_tokens, state.target_hidden, start, kv_len,
+                                         logits_at=accepted_counts[:, None])

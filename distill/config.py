@@ -12,14 +12,20 @@ class DomainConfig:
     """One domain's prompts. The shipped domains only set `name`; a user's data sets source and path."""
 
     name: str = "code"
-    source: str = "shipped"  # shipped | jsonl | parquet | hf
-    path: Optional[str] = None  # the file (jsonl, parquet) or dataset id (hf)
+    source: str = "shipped"  # shipped | jsonl | parquet | hf | conversations | magpie
+    path: Optional[str] = None  # the file (jsonl, parquet, conversations) or dataset id (hf, conversations)
     fields: Dict[str, str] = field(default_factory=lambda: {"prompt": "prompt", "split": "split", "id": "id"})
     hf_split: str = "train"
     heldout_fraction: float = 0.2  # when the source has no split column
     system_prompt: Optional[str] = None  # None: the chat template's own default
     # a JSONL file of more training prompts ({"prompt": ...} a line), answered first: recent traffic to retrain on
     extra_prompts: Optional[str] = None
+    # source magpie: the target writes this many user requests after its template's user header (and the system
+    # prompt, which steers the domain), each at most magpie_max_prompt_tokens long, sampled as set here
+    magpie_prompts: int = 640
+    magpie_max_prompt_tokens: int = 256
+    magpie_temperature: float = 1.0
+    magpie_top_p: float = 1.0
 
 
 @dataclass
@@ -33,6 +39,12 @@ class GenerateConfig:
     batch_size: int = 32
     top_k_logprobs: int = 64  # the target's distribution kept per answer token: its k most likely tokens
     autocast: str = "auto"  # bf16 autocast of the target's forwards: auto (CPU: only where measured faster) | bf16 | off
+    # who answers (distill/served_answers.py): in_process (the target here) | server (an OpenAI-compatible server
+    # at server_url: vLLM, SGLang, llama-server) | llama_server (started here on loopback for the target's GGUF)
+    answers: str = "in_process"
+    server_url: Optional[str] = None  # answers=server: its base URL, e.g. http://127.0.0.1:8000/v1
+    server_model: Optional[str] = None  # answers=server: the served model's name; None: the server's default
+    server_parallel: int = 8  # requests in flight at once (answers=llama_server: its slots)
     # None: as `decode` samples, so that the answers are the target's as it will be served
     temperature: Optional[float] = None
     top_k: Optional[int] = None

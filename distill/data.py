@@ -9,7 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import datasets
@@ -17,6 +17,8 @@ import torch
 
 from decode.errors import PromptError
 from distill.config import DomainConfig
+from distill.conversations import Message, read_conversations, user_turns
+from distill.jsonl import json_objects
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +30,9 @@ SPLITS = ("train", "validation", "heldout")
 @dataclass(frozen=True)
 class Prompt:
     id: str
-    text: str
+    text: str  # a conversation's first user message
     split: str
+    messages: tuple[Message, ...] = ()  # a conversation source's conversation (distill/conversations.py)
 
 
 @dataclass(frozen=True)
@@ -48,28 +51,18 @@ def read_jsonl_prompts(path: Path, prompt_field: str = "prompt", split_field: st
     if not path.is_file():
         raise PromptError(f"prompt file not found: {path}")
     prompts, seen_ids = [], set()
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            where = f"{path}:{number}"
-            if not line.strip():
-                raise PromptError(f"{where}: empty line; remove it")
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise PromptError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-            if not isinstance(record, dict):
-                raise PromptError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            text = record.get(prompt_field)
-            if not isinstance(text, str) or not text.strip():
-                raise PromptError(f"{where}: field {prompt_field!r} must be a non-empty string")
-            split = record.get(split_field, "train")
-            if split not in SPLITS:
-                raise PromptError(f"{where}: field {split_field!r} must be one of {SPLITS}, got {split!r}")
-            prompt_id = str(record.get(id_field, f"{path.stem}-{number}"))
-            if prompt_id in seen_ids:
-                raise PromptError(f"{where}: duplicate id {prompt_id!r}")
-            seen_ids.add(prompt_id)
-            prompts.append(Prompt(prompt_id, text, split))
+    for where, number, record in json_objects(path, empty_lines="refuse"):
+        text = record.get(prompt_field)
+        if not isinstance(text, str) or not text.strip():
+            raise PromptError(f"{where}: field {prompt_field!r} must be a non-empty string")
+        split = record.get(split_field, "train")
+        if split not in SPLITS:
+            raise PromptError(f"{where}: field {split_field!r} must be one of {SPLITS}, got {split!r}")
+        prompt_id = str(record.get(id_field, f"{path.stem}-{number}"))
+        if prompt_id in seen_ids:
+            raise PromptError(f"{where}: duplicate id {prompt_id!r}")
+        seen_ids.add(prompt_id)
+        prompts.append(Prompt(prompt_id, text, split))
     if not prompts:
         raise PromptError(f"{path}: no prompts")
     return prompts
@@ -173,10 +166,12 @@ def load_domain_prompts(domain_cfg: DomainConfig) -> DomainPrompts:
     model work.
 
     source: shipped (the JSONL sets in distill/prompts, split by template), jsonl or parquet (a local
-    file), hf (a Hugging Face dataset id, loaded with `datasets`). `fields` maps prompt/split/id to the
-    source's column names. Without a heldout split, heldout_fraction of the prompts is held out; without
-    a validation split, the same fraction of the training prompts becomes validation (both chosen by a
-    hash of the id, so stable across runs).
+    file), hf (a Hugging Face dataset id, loaded with `datasets`), conversations (chat conversations, a local
+    JSONL file or a dataset id: distill/conversations.py). `fields` maps prompt/split/id to the source's column
+    names. Without a heldout split, heldout_fraction of the prompts (of a conversation source: of the
+    conversations, each whole in one split) is held out; without a validation split, the same fraction of the
+    training prompts becomes validation (both chosen by a hash of the id, so stable across runs). Prompts of
+    source magpie are written by the target: distill/magpie.py reads them once the target is loaded.
     """
     source = domain_cfg.source
     fields = domain_cfg.fields or {}
@@ -188,8 +183,14 @@ def load_domain_prompts(domain_cfg: DomainConfig) -> DomainPrompts:
         prompts = read_jsonl_prompts(_existing_file(domain_cfg.path), prompt_field, split_field, id_field)
     elif source in ("parquet", "hf"):
         prompts = _table_prompts(domain_cfg, prompt_field, split_field, id_field)
+    elif source == "conversations":
+        prompts = _conversation_prompts(domain_cfg)
+    elif source == "magpie":
+        raise PromptError(f"domain {domain_cfg.name}: source magpie prompts are written by the target, so they are "
+                          f"read once it is loaded (distill.magpie.magpie_domain_prompts)")
     else:
-        raise PromptError(f"domain {domain_cfg.name}: source must be shipped, jsonl, parquet or hf, got {source!r}")
+        raise PromptError(f"domain {domain_cfg.name}: source must be shipped, jsonl, parquet, hf, conversations or "
+                          f"magpie, got {source!r}")
     if not any(p.split == "heldout" for p in prompts):
         prompts = _hash_split(prompts, domain_cfg.heldout_fraction, "train", "heldout")
     if not any(p.split == "validation" for p in prompts):
@@ -258,6 +259,16 @@ def _table_prompts(domain_cfg, prompt_field: str, split_field: str, id_field: st
     return prompts
 
 
+def _conversation_prompts(domain_cfg) -> list[Prompt]:
+    prompts = []
+    for conversation in read_conversations(domain_cfg.path, domain_cfg.name, domain_cfg.hf_split):
+        if conversation.split not in SPLITS:
+            raise PromptError(f"{conversation.where}: field 'split' must be one of {SPLITS}, got {conversation.split!r}")
+        prompts.append(Prompt(conversation.id, user_turns(conversation.messages)[0], conversation.split,
+                              conversation.messages))
+    return prompts
+
+
 def _hash_split(prompts: list[Prompt], fraction: float, source_split: str, new_split: str,
                 salt: str = "") -> list[Prompt]:
     """Move about `fraction` of the prompts of source_split to new_split, chosen by a hash of their id."""
@@ -268,4 +279,4 @@ def _hash_split(prompts: list[Prompt], fraction: float, source_split: str, new_s
         digest = hashlib.sha256((salt + prompt.id).encode()).digest()
         return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
-    return [Prompt(p.id, p.text, new_split) if p.split == source_split and chosen(p) else p for p in prompts]
+    return [replace(p, split=new_split) if p.split == source_split and chosen(p) else p for p in prompts]

@@ -26,7 +26,9 @@ from decode.precision import FLOAT32, Precision, choose_precision, cpu_bf16_spee
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
 from decode.speculative import SpeculativeDecoder
+from distill.conversations import regenerated_turns
 from distill.data import Prompt
+from distill.served_answers import IN_PROCESS, ServedAnswers
 
 log = logging.getLogger(__name__)
 
@@ -35,13 +37,23 @@ PROBE_CACHE = 64  # slots a timed decode step of `auto` attends to
 
 
 def cache_key(target_fingerprint: str, domain: str, prompts: list[Prompt], sampling: SamplingParams,
-              max_new_tokens: int, seed: int, system_prompt: str | None, top_k_logprobs: int) -> str:
-    described = json.dumps({
+              max_new_tokens: int, seed: int, system_prompt: str | None, top_k_logprobs: int,
+              source: str = IN_PROCESS) -> str:
+    """source: where the answers come from (distill/served_answers.py answer_source), so that answers from
+    different servers never mix; in-process answers keep the keys they had before there were other sources."""
+    described = {
         "version": FORMAT_VERSION, "target": target_fingerprint, "domain": domain,
-        "prompts": hashlib.sha256("\x00".join(p.id + "\x01" + p.text for p in prompts).encode()).hexdigest(),
+        "prompts": hashlib.sha256("\x00".join(map(_identity, prompts)).encode()).hexdigest(),
         "sampling": [sampling.temperature, sampling.top_k, sampling.top_p], "max_new_tokens": max_new_tokens,
-        "seed": seed, "system_prompt": system_prompt, "top_k_logprobs": top_k_logprobs}, sort_keys=True)
-    return hashlib.sha256(described.encode()).hexdigest()[:16]
+        "seed": seed, "system_prompt": system_prompt, "top_k_logprobs": top_k_logprobs}
+    if source != IN_PROCESS:
+        described["source"] = source
+    return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _identity(prompt: Prompt) -> str:
+    """What of a prompt its answers depend on: its id, its text and a conversation's turns."""
+    return prompt.id + "\x01" + prompt.text + "".join(f"\x02{role}\x03{content}" for role, content in prompt.messages)
 
 
 def dataset_directory(domain: str, key: str) -> Path:
@@ -128,11 +140,12 @@ def score_answers(runner: CausalLMRunner, records: list[dict], top_k_logprobs: i
 
 def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprint: str, sampling: SamplingParams,
                      max_new_tokens: int, batch_size: int, seed: int, system_prompt: str | None,
-                     top_k_logprobs: int, accelerator=None,
-                     precision: Precision = FLOAT32) -> tuple[datasets.Dataset, Path, bool]:
-    """-> (dataset, its cache directory, whether it came from the cache)."""
+                     top_k_logprobs: int, accelerator=None, precision: Precision = FLOAT32,
+                     served: ServedAnswers | None = None) -> tuple[datasets.Dataset, Path, bool]:
+    """-> (dataset, its cache directory, whether it came from the cache). `served`: a server answers instead
+    of the target here (generate.answers, distill/served_answers.py)."""
     key = cache_key(target_fingerprint, domain, prompts, sampling, max_new_tokens, seed, system_prompt,
-                    top_k_logprobs)
+                    top_k_logprobs, served.source if served else IN_PROCESS)
     directory = dataset_directory(domain, key)
     cached = load_cached_dataset(domain, key)
     if cached is not None:
@@ -141,11 +154,22 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
 
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     mine = prompts[rank::world]
-    answers = answer_prompts(pair.target_runner(), pair.eos_token_ids, pair.encode_chat([p.text for p in mine],
-                             system_prompt), sampling, max_new_tokens, batch_size, seed + 7919 * rank,
-                             description=f"generate {domain}", show_progress=rank == 0,
-                             top_k_logprobs=top_k_logprobs, precision=precision)
-    records = [{"id": p.id, "prompt": p.text, "source": "target", **answer} for p, answer in zip(mine, answers)]
+    runner = None if served else pair.target_runner()
+
+    def answer(prompt_ids: list[list[int]], turn: int = 0) -> list[dict]:  # turn: of a conversation
+        turn_seed = seed + 7919 * rank + 104_729 * turn
+        if served:
+            return served.answer(prompt_ids, sampling, max_new_tokens, turn_seed, top_k_logprobs,
+                                 description=f"generate {domain}", show_progress=rank == 0)
+        return answer_prompts(runner, pair.eos_token_ids, prompt_ids, sampling, max_new_tokens, batch_size,
+                              turn_seed, description=f"generate {domain}",
+                              show_progress=rank == 0, top_k_logprobs=top_k_logprobs, precision=precision)
+
+    if any(p.messages for p in mine):
+        records = regenerated_turns(pair.tokenizer, mine, system_prompt, answer)
+    else:
+        answers = answer(pair.encode_chat([p.text for p in mine], system_prompt))
+        records = [{"id": p.id, "prompt": p.text, "source": "target", **row} for p, row in zip(mine, answers)]
     if accelerator and world > 1:
         from accelerate.utils import gather_object
 

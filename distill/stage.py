@@ -14,10 +14,12 @@ from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.errors import ConfigError
 from decode.models import model_fingerprint
+from decode.precision import FLOAT32
 from distill.config import DomainConfig, GenerateConfig
 from decode.results import GenerateResult
 from distill.data import DomainPrompts
 from distill.generate import cache_key, dataset_directory, generate_dataset, generation_precision, load_cached_dataset
+from distill.served_answers import answer_source, answering_server
 
 log = logging.getLogger(__name__)
 
@@ -32,27 +34,34 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                    prompts: DomainPrompts, create: bool) -> tuple[dict[str, datasets.Dataset], GenerateResult]:
     """-> ({"train": answers, "validation": answers}, the record); generated when `create`, else looked up.
 
-    The target's forwards run in the precision generate.autocast asks for, decided once, when answers are missing.
+    The target's forwards run in the precision generate.autocast asks for, decided once, when answers are missing;
+    with generate.answers=server or llama_server a server answers instead (distill/served_answers.py).
     """
     sampling = settings.sampling(decode)
+    source = answer_source(settings)
     fingerprint = model_fingerprint(ctx.target_spec)
     found, where, precision = {}, {}, None
-    for split, split_prompts in training_prompts(prompts, settings).items():
-        name = f"{domain.name}-{split}"
-        key = cache_key(fingerprint, name, split_prompts, sampling, settings.max_new_tokens, ctx.seed,
-                        domain.system_prompt, settings.top_k_logprobs)
-        directory, dataset = dataset_directory(name, key), load_cached_dataset(name, key)
-        if dataset is None and create:
-            precision = precision or generation_precision(ctx.pair.target_runner(), settings.autocast, settings.batch_size)
-            dataset, directory, _ = generate_dataset(
-                ctx.pair, split_prompts, name, fingerprint, sampling, settings.max_new_tokens, settings.batch_size,
-                ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator, precision)
-        elif create:
-            log.info("reusing the target's answers from %s", directory)
-        if dataset is None:
-            raise ConfigError(f"no generated answers for these settings ({directory}); "
-                              f"run the generate stage first, e.g. stages=[generate,train]")
-        found[split], where[split] = dataset, str(directory)
+    with answering_server(settings, ctx.target_spec, ctx.pair.eos_token_ids,
+                          ctx.run_dir / "generate_server.log") as served:
+        for split, split_prompts in training_prompts(prompts, settings).items():
+            name = f"{domain.name}-{split}"
+            key = cache_key(fingerprint, name, split_prompts, sampling, settings.max_new_tokens, ctx.seed,
+                            domain.system_prompt, settings.top_k_logprobs, source)
+            directory, dataset = dataset_directory(name, key), load_cached_dataset(name, key)
+            if dataset is None and create:
+                if served is None:
+                    precision = precision or generation_precision(ctx.pair.target_runner(), settings.autocast,
+                                                                  settings.batch_size)
+                dataset, directory, _ = generate_dataset(
+                    ctx.pair, split_prompts, name, fingerprint, sampling, settings.max_new_tokens,
+                    settings.batch_size, ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator,
+                    precision or FLOAT32, served)
+            elif create:
+                log.info("reusing the target's answers from %s", directory)
+            if dataset is None:
+                raise ConfigError(f"no generated answers for these settings ({directory}); "
+                                  f"run the generate stage first, e.g. stages=[generate,train]")
+            found[split], where[split] = dataset, str(directory)
     return found, GenerateResult(train_data=where["train"], validation_data=where["validation"],
                                  train_answers=len(found["train"]), validation_answers=len(found["validation"]),
                                  autocast=precision.name if precision else None,

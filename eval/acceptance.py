@@ -112,33 +112,50 @@ def predicted_from_decodes(spec: DecodeMetrics, ar: DecodeMetrics, token_accepta
     return {"c": c, "v": v, "predicted_speedup": predicted}
 
 
+def prediction_bounds(result: dict) -> tuple[float, float]:
+    """The predicted speedup at both ends of the per-token acceptance's interval (the prediction rises with the
+    acceptance and is linear in the tokens a round yields); the point prediction twice without an interval."""
+    predicted, acceptance = result["predicted_speedup"], result.get("token_acceptance")
+    interval = result.get("token_acceptance_interval")
+    if not interval or not acceptance:
+        return predicted, predicted
+    tokens = expected_tokens_per_round(acceptance, result["gamma"])
+    return tuple(predicted * expected_tokens_per_round(bound, result["gamma"]) / tokens for bound in interval)
+
+
 def baseline_flags(result: dict) -> list[str]:
     """Why the measured speedup cannot be taken at face value: the AR step is slower than a verify of
-    gamma + 1 tokens, or the measured speedup exceeds the prediction from c, v and acceptance by more than its
-    interval (the baseline is handicapped); or it falls short of it (overhead outside the model steps)."""
+    gamma + 1 tokens, or the measured speedup's interval lies above the prediction's (from c, v and the
+    acceptance's interval: the baseline is handicapped); or below it (overhead outside the model steps)."""
     flags = []
     gamma, v = result["gamma"], result["v"]
     if v < MIN_VERIFY_COST:
         flags.append(f"a verify of {gamma + 1} tokens cost {v:.2f} of one AR step: the AR baseline is slow on "
                      f"this machine, so the speedup over it is inflated")
-    interval, predicted = result["speedup_interval"], result["predicted_speedup"]
-    if interval is not None and interval[0] > predicted:
+    interval = result["speedup_interval"]
+    if interval is None or result["predicted_speedup"] is None:
+        return flags
+    low, high = prediction_bounds(result)
+    predicted = f"{result['predicted_speedup']:.2f}x [{low:.2f}, {high:.2f}]"
+    if interval[0] > high:
         flags.append(f"the measured speedup {result['speedup']:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}] exceeds "
-                     f"the {predicted:.2f}x predicted from c = {result['c']:.3f}, v({gamma}) = {v:.2f} and per-token "
+                     f"the {predicted} predicted from c = {result['c']:.3f}, v({gamma}) = {v:.2f} and per-token "
                      f"acceptance {result['token_acceptance']:.3f}: something in the AR baseline is off")
-    elif interval is not None and interval[1] < predicted:
+    elif interval[1] < low:
         flags.append(f"the measured speedup {result['speedup']:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}] falls "
-                     f"short of the {predicted:.2f}x predicted from the step costs: time outside the model steps "
+                     f"short of the {predicted} predicted from the step costs: time outside the model steps "
                      f"(sampling, bookkeeping) costs more per round than per AR step")
     return flags
 
 
 def baseline_is_off(result: dict) -> bool:
     """Whether the speedup over AR is inflated (not merely short of its prediction): a verify cheaper than an AR
-    step, or a measured speedup above its prediction by more than its interval."""
-    v, interval, predicted = result.get("v"), result.get("speedup_interval"), result.get("predicted_speedup")
+    step, or a measured speedup whose interval lies above the prediction's."""
+    v, interval = result.get("v"), result.get("speedup_interval")
     slow_ar = v is not None and v < MIN_VERIFY_COST
-    return slow_ar or (interval is not None and predicted is not None and interval[0] > predicted)
+    if slow_ar or interval is None or result.get("predicted_speedup") is None:
+        return slow_ar
+    return interval[0] > prediction_bounds(result)[1]
 
 
 def acceptance_intervals(speculative: list[DecodeMetrics], autoregressive: list[DecodeMetrics] | None,

@@ -19,7 +19,6 @@ from dataclasses import asdict
 from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.files import write_json
-from decode.models import load_model
 from decode.results import EvalResult
 from decode.speculative import GammaPolicy
 from decode.step_costs import measure_step_costs
@@ -35,7 +34,6 @@ def eval_key(prompt_ids: list[list[int]], decode: DecodeConfig, settings: EvalCo
 
 def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldout_prompt_ids: list[list[int]],
              draft_fingerprint: str) -> EvalResult:
-    trained_spec = ctx.trained_draft_spec()
     prompt_ids = heldout_prompt_ids[: settings.max_prompts]
     speed_prompt_ids = prompt_ids[: settings.speed_prompts]
     sampling, policy = decode.sampling(), decode.gamma_policy()
@@ -55,7 +53,7 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
                   "key": key}
         if ctx.is_main_process:
             write_json(before_file, before)
-    decoder = ctx.pair.decoder(load_model(trained_spec))
+    decoder = ctx.pair.decoder(ctx.load_trained_draft())
     # the step costs at a typical context of the eval: a prompt and half its answer
     context = int(statistics.median(len(ids) for ids in prompt_ids)) + settings.max_new_tokens // 2
     costs = measure_step_costs(decoder, sampling, context, decode.max_gamma)

@@ -155,6 +155,10 @@ def test_a_speedup_its_step_costs_cannot_explain_is_flagged_not_recommended():
     short["flags"] = baseline_flags(short)
     assert short["flags"] and not baseline_is_off(short)
     assert "serve the target without this draft" in verdict(short)
+    # the prediction has an interval too, from the acceptance's: a speedup inside it is not flagged
+    uncertain = {**inflated, "token_acceptance_interval": [0.2, 0.9]}
+    assert baseline_flags(uncertain) == [] and not baseline_is_off(uncertain)
+    assert baseline_is_off({**inflated, "token_acceptance_interval": [0.35, 0.45]})
 
 
 def test_intervals_over_prompts_see_the_spread_inside_a_batch():

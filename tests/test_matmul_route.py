@@ -41,22 +41,37 @@ def test_each_row_count_and_shape_takes_its_fastest_candidate():
     decision = decide(WEIGHTS, fake_measure(lambda rows, shape, name: speeds.get((rows, shape), {}).get(name, 1.0)))
     assert decision.kernel_name(1, (50, 24)) == "padded" and decision.kernel(1, (50, 24)) is KERNELS["padded"]
     assert decision.kernel_name(1, torch.Size([24, 16])) == "mv"  # the runner passes weight.shape
-    assert decision.kernel_name(1, (8, 16)) == "linear"
+    # no 1-row kernel beat F.linear there, but the 2-row product did: the 1-row one runs it padded
+    assert decision.kernel_name(1, (8, 16)) == "padded_transposed"
     assert decision.kernel_name(2, (8, 16)) == "transposed"
     assert decision.kernel_name(3, (50, 24)) == "linear"  # F.linear measured faster
     assert decision.kernel_name(12, (50, 24)) == "linear"  # a row count never measured
     assert decision.pass_seconds(1) == {"linear": 3.0, "chosen": pytest.approx(0.4 + 0.5 + 1.0)}
     summary = decision.summary()
-    assert summary["kernels"]["1"] == {"24x16": "mv", "8x16": "linear", "50x24": "padded"}
+    assert summary["kernels"]["1"] == {"24x16": "mv", "8x16": "padded_transposed", "50x24": "padded"}
     assert summary["ms"]["1"]["50x24"]["padded"] == 400.0
     described = decision.describe()
-    assert "1: mv, linear for 8x16, padded for 50x24 (37% faster)" in described  # 1 - 1.9 / 3
+    assert "1: mv, padded_transposed for 8x16, padded for 50x24 (37% faster)" in described  # 1 - 1.9 / 3
     assert "2: transposed (50% faster)" in described and "3: linear;" in described
 
 
 def test_a_win_smaller_than_the_margin_keeps_f_linear():
     decision = decide(WEIGHTS, fake_measure(lambda rows, shape, name: 1.0 if name == "linear" else 0.95))
     assert all(decision.kernel_name(rows, shape) == "linear" for rows in ROWS for shape in SHAPES)
+
+
+def test_a_single_row_never_takes_a_kernel_slower_than_the_two_row_product():
+    """Within the margin F.linear would stay at 1 row, but the 2-row product measured faster still: then the
+    single row runs as that product padded, whichever 2-row kernel it is."""
+    speeds = {1: {"linear": 1.0, "transposed": 1.0, "mv": 1.0, "padded": 0.95, "padded_transposed": 0.95},
+              2: {"linear": 0.9, "transposed": 0.97}}
+    shape_speeds = {**speeds, 2: {**speeds[2], "transposed": 0.5}}
+    decision = decide(WEIGHTS, fake_measure(
+        lambda rows, shape, name: (shape_speeds if shape == (8, 16) else speeds).get(rows, {}).get(name, 1.0)))
+    assert decision.kernel_name(1, (24, 16)) == "padded" and decision.kernel_name(1, (50, 24)) == "padded"
+    assert decision.kernel_name(1, (8, 16)) == "padded_transposed"
+    even = decide(WEIGHTS, fake_measure(lambda rows, shape, name: 1.0))
+    assert all(even.kernel_name(1, shape) == "linear" for shape in SHAPES)  # equal: nothing to gain
 
 
 def test_forcing_a_kernel_routes_those_row_counts_only():

@@ -51,6 +51,10 @@ class MethodConfig:
     keep_checkpoints: int = 2
     eval_every: int = 24
     autocast: str = "auto"  # auto | bf16 | off: bf16 autocast of the draft's forward; auto measures it on a CPU
+    # EAGLE-3 heads only: draft steps unrolled in training, each feeding back its own hidden states, and the
+    # weight of step i (ttt_step_weight ** i)
+    ttt_steps: int = 3
+    ttt_step_weight: float = 0.8
     lora: Optional[LoraSettings] = None
 
 

@@ -17,15 +17,20 @@ from decode.context import RunContext
 from decode.errors import ConfigError, ExportError
 from decode.files import write_json
 from decode.results import EvalResult, GenerateResult, TrainResult, load_result, roll_up, save_result
+from decode.models import model_fingerprint
 from decode.pair import load_pair
 from decode.precision import SETTINGS as AUTOCAST_SETTINGS
 from decode.serving.gguf import gguf_unsupported_reason
 from decode.serving.stage import run_export
+from distill.conversations import chat_prompt_ids
 from distill.data import load_domain_prompts, shipped_domains
 from distill.losses import LOSSES
+from distill.magpie import check_magpie_settings, magpie_domain_prompts
+from distill.served_answers import answer_source
 from distill.stage import target_answers
 from eval.stage import run_eval
 from train.config import STAGES, TrainConfig, as_dict
+from train.eagle3_stage import check_eagle3_method
 from train.stage import run_train
 
 log = logging.getLogger(__name__)
@@ -57,10 +62,15 @@ def validate(config: TrainConfig) -> None:
     for key, setting in (("method.autocast", method.autocast), ("generate.autocast", config.generate.autocast)):
         if setting not in AUTOCAST_SETTINGS:
             raise ConfigError(f"{key} must be one of {AUTOCAST_SETTINGS}, got {setting!r}")
+    if config.pair.draft.kind == "eagle3":
+        check_eagle3_method(method)
     if method.max_length < 16:
         raise ConfigError(f"method.max_length must be >= 16 tokens, got {method.max_length}")
     config.decode.validate()
     config.generate.sampling(config.decode)
+    if config.domain.source == "magpie":
+        check_magpie_settings(config.domain)
+    answer_source(config.generate)
     if config.eval.max_prompts < 1 or config.eval.batch_size < 1 or config.eval.max_new_tokens < 1:
         raise ConfigError("eval.max_prompts, eval.batch_size and eval.max_new_tokens must be >= 1")
 
@@ -70,6 +80,7 @@ def run_directory(config: TrainConfig) -> Path:
         return Path(config.run_dir)
     settings = as_dict(config)
     shaping = {key: settings[key] for key in SHAPING_THE_DRAFT}
+    shaping["generate"].pop("server_parallel")  # requests in flight do not change the answers
     # the answers are sampled as decode says unless generate sets its own: that sampling shapes the draft
     shaping["answers_sampling"] = vars(config.generate.sampling(config.decode))
     digest = hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:8]
@@ -78,7 +89,7 @@ def run_directory(config: TrainConfig) -> Path:
 
 def check_export_support(config: TrainConfig, pair) -> None:
     """An export the GGUF writer cannot make is refused now, not after hours of generation and training."""
-    if "export" in config.stages and config.export.gguf:
+    if "export" in config.stages and config.export.gguf and pair.draft_kind == "causal_lm":
         reason = gguf_unsupported_reason(pair.draft.config, config.export.gguf_type)
         if reason:
             raise ExportError(reason)
@@ -88,11 +99,16 @@ class Pipeline:
     def __init__(self, config: TrainConfig, accelerator, tracker, run_dir: Path, plain_config: dict):
         self.config = config
         self.plain_config = plain_config  # secrets scrubbed: goes into the model card
-        self.prompts = load_domain_prompts(config.domain)
+        written_by_target = config.domain.source == "magpie"  # those prompts can be read once the target is loaded
+        if not written_by_target:
+            self.prompts = load_domain_prompts(config.domain)
         target_spec = replace(config.pair.target, device=str(accelerator.device))  # one device per process
         draft_spec = replace(config.pair.draft, device=str(accelerator.device))
         pair = load_pair(target_spec, draft_spec, config.pair.check_chat_template)
         check_export_support(config, pair)
+        if written_by_target:
+            self.prompts = magpie_domain_prompts(config.domain, pair, model_fingerprint(target_spec), config.seed,
+                                                 config.generate.batch_size, accelerator)
         self.ctx = RunContext(run_dir=run_dir, pair=pair, target_spec=target_spec, accelerator=accelerator,
                               tracker=tracker, seed=config.seed)
 
@@ -117,7 +133,7 @@ class Pipeline:
         return summary
 
     def _heldout_prompt_ids(self) -> list[list[int]]:
-        return self.ctx.pair.encode_chat([p.text for p in self.prompts.heldout], self.config.domain.system_prompt)
+        return chat_prompt_ids(self.ctx.pair.tokenizer, self.prompts.heldout, self.config.domain.system_prompt)
 
     def _generate(self) -> GenerateResult:
         generate = self.config.generate

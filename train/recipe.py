@@ -236,7 +236,10 @@ class DistillationRecipe:
         chosen += self._on_policy_examples(step)
         mine = chosen[self.accelerator.process_index:: self.accelerator.num_processes]
         size = self.settings.micro_batch_size
-        return [self._to_device(collate(mine[at: at + size], self.pad_token_id)) for at in range(0, len(mine), size)]
+        return [self._to_device(self._collate(mine[at: at + size])) for at in range(0, len(mine), size)]
+
+    def _collate(self, examples: list[Example]) -> dict:
+        return collate(examples, self.pad_token_id)
 
     # ---- on-policy sequences: the current draft's answers, refreshed every on_policy_every steps ------
     def _on_policy_examples(self, step: int) -> list[Example]:
@@ -292,7 +295,7 @@ class DistillationRecipe:
         accepted, positions = 0.0, 0
         size = self.settings.micro_batch_size
         for at in range(0, len(self.validation_examples), size):
-            batch = self._to_device(collate(self.validation_examples[at: at + size], self.pad_token_id))
+            batch = self._to_device(self._collate(self.validation_examples[at: at + size]))
             with self.precision.autocast():
                 logits = self.draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                     use_cache=False).logits

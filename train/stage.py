@@ -11,17 +11,21 @@ from decode.files import published
 from decode.models import content_fingerprint
 from decode.results import TrainResult, forget_draft_results
 from distill.config import DomainConfig, GenerateConfig
+from distill.conversations import chat_prompt_ids
 from distill.data import DomainPrompts, examples_from_records
 from distill.on_policy import OnPolicySampler
 from distill.stage import target_answers, training_prompts
 from distill.vocab import most_probable_tokens, target_mass
 from train.config import LoraSettings, MethodConfig
+from train.eagle3_stage import run_eagle3_train
 from train.recipe import DistillationRecipe
 
 
 def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, generate: GenerateConfig,
               decode: DecodeConfig, prompts: DomainPrompts) -> TrainResult:
     """Trains, saves the draft (making the records of the previous draft stale) -> the stage's record."""
+    if ctx.pair.draft_kind == "eagle3":
+        return run_eagle3_train(ctx, method, domain, generate, decode, prompts)
     answers, _ = target_answers(ctx, domain, generate, decode, prompts, create=False)
     train_examples = examples_from_records(answers["train"], method.max_length)
     validation_examples = examples_from_records(answers["validation"], method.max_length)
@@ -36,7 +40,8 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
         draft.get_output_embeddings().requires_grad_(False)
     if method.lora:
         draft = _with_lora(draft, method.lora)
-    on_policy = _on_policy_sampler(ctx, method, domain, generate, decode, prompts) \
+    recorded_k = len(train_examples[0].target_top_ids[0])  # below top_k_logprobs where a server capped it
+    on_policy = _on_policy_sampler(ctx, method, domain, generate, decode, prompts, recorded_k) \
         if method.on_policy_fraction else None
     recipe = DistillationRecipe(method, ctx.seed, draft, ctx.pair.vocab_size, ctx.pair.tokenizer.pad_token_id or 0,
                                 train_examples, validation_examples, ctx.run_dir / "checkpoints", ctx.accelerator,
@@ -65,14 +70,14 @@ def _with_lora(draft, lora: LoraSettings):
 
 
 def _on_policy_sampler(ctx: RunContext, method: MethodConfig, domain: DomainConfig, generate: GenerateConfig,
-                       decode: DecodeConfig, prompts: DomainPrompts) -> OnPolicySampler:
+                       decode: DecodeConfig, prompts: DomainPrompts, top_k_logprobs: int) -> OnPolicySampler:
     """The current draft answers the training prompts (those that leave room for an answer) as the decoder
-    samples, as long as the target's answers; the target scores them."""
-    prompt_ids = ctx.pair.encode_chat([p.text for p in training_prompts(prompts, generate)["train"]],
-                                      domain.system_prompt)
+    samples, as long as the target's answers; the target scores them, keeping top_k_logprobs as the answers did."""
+    prompt_ids = chat_prompt_ids(ctx.pair.tokenizer, training_prompts(prompts, generate)["train"],
+                                 domain.system_prompt)
     return OnPolicySampler(ctx.pair.target_runner(), [ids for ids in prompt_ids if len(ids) < method.max_length],
                            ctx.pair.eos_token_ids, ctx.pair.vocab_size, decode.sampling(), generate.max_new_tokens,
-                           generate.batch_size, generate.top_k_logprobs, method.max_length, ctx.seed)
+                           generate.batch_size, top_k_logprobs, method.max_length, ctx.seed)
 
 
 def _save_draft(ctx: RunContext, draft) -> None:

@@ -30,20 +30,57 @@ def model_card(record: dict, evaluated: EvalResult | None, trained: TrainResult 
         f"- method: {method['name']}, loss {method['loss']}, lr {method['lr']}"
         + (f", {trained.steps} steps" if trained else "")
         + (f", LoRA r={method['lora']['r']} (merged)" if method.get("lora") else ""),
-        f"- draft vocabulary: {record['draft_vocab_size'] or 'full'}",
-        *_eval_lines(evaluated, record["gamma"]), "",
-        "## Serving", "", "vLLM:", "", "```", _command(flags["vllm"]), "```", "", "SGLang:", "", "```",
-        _command(flags["sglang"]), "```", ""]
+        *_draft_lines(record), *_eval_lines(evaluated, record["gamma"]), "",
+        "## Serving", "", _files_line(record["files"]), "", "vLLM:", "", "```", _command(flags["vllm"]), "```", ""]
+    if "sglang" in flags:
+        lines += ["SGLang:", "", "```", _command(flags["sglang"]), "```", ""]
     if "llama_cpp" in flags:
         lines += ["llama.cpp:", "", "```", _command(flags["llama_cpp"]), "```", ""]
         lines += _engine_lines(record["round_trip"].get("engine") or {})
-    if record["draft_vocab_size"]:
-        lines += ["The draft keeps a pruned vocabulary: the output rows of the other tokens are zero here "
-                  "(engines give them a small probability); this project's decoder reads `draft_vocab` from "
-                  "config.json and gives them probability 0.", ""]
+    lines += _eagle3_notes(record["eagle3"]) if record["draft_kind"] == "eagle3" else _pruned_vocab_note(record)
     lines += ["## Provenance", "", f"- git commit: {_git_commit()}", f"- command line: `{_command(sys.argv)}`", "",
               "Resolved configuration:", "", "```yaml", yaml.safe_dump(config, sort_keys=False).rstrip(), "```", ""]
     return "\n".join(lines)
+
+
+ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llama_cpp": "llama.cpp"}
+
+
+def _draft_lines(record: dict) -> list[str]:
+    if record["draft_kind"] != "eagle3":
+        return [f"- draft vocabulary: {record['draft_vocab_size'] or 'full'}"]
+    eagle3 = record["eagle3"]
+    return [f"- draft: an EAGLE-3 head (one decoder layer over the target's hidden states), reading the residual "
+            f"stream entering target layers {eagle3['capture_layers']} (of {eagle3['target_layers']})",
+            f"- draft vocabulary: {record['draft_vocab_size']} of the target's {eagle3['vocab_size']} tokens"]
+
+
+def _files_line(files: dict) -> str:
+    by_file = {}
+    for engine, name in files.items():
+        by_file.setdefault(name, []).append(ENGINE_NAMES[engine])
+    return "Files: " + ", ".join(f"`{name}` ({', '.join(engines)})" for name, engines in by_file.items()) + "."
+
+
+def _pruned_vocab_note(record: dict) -> list[str]:
+    if not record["draft_vocab_size"]:
+        return []
+    return ["The draft keeps a pruned vocabulary: the output rows of the other tokens are zero here "
+            "(engines give them a small probability); this project's decoder reads `draft_vocab` from "
+            "config.json and gives them probability 0.", ""]
+
+
+def _eagle3_notes(eagle3: dict) -> list[str]:
+    lines = ["The head proposes only its draft vocabulary: draft token i is target token i + d2t[i] (`d2t` in both "
+             "safetensors files; draft.gguf stores the target ids themselves).", ""]
+    if eagle3["sglang_capture_layer_ids"] is not None:
+        lines += [f"`sglang/config.json` names the capture layers as `eagle_config.eagle_aux_hidden_state_layer_ids` "
+                  f"= {eagle3['sglang_capture_layer_ids']}: SGLang reads an explicit id as the output of that layer "
+                  f"(it adds 1), where vLLM and llama.cpp read {eagle3['capture_layers']} as the layers entered. "
+                  f"The default layers [2, N // 2, N - 3] are named nowhere: every engine reads them alike.", ""]
+    if "sglang_skipped" in eagle3:
+        lines += [f"No SGLang directory: {eagle3['sglang_skipped']}.", ""]
+    return lines + [f"llama.cpp step costs: {eagle3['llama_cpp_step_costs']}.", ""]
 
 
 def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
@@ -81,11 +118,14 @@ def _engine_lines(engine: dict) -> list[str]:
         return [f"Not served by llama-server at export ({engine['skipped']}).", ""]
     if not engine:
         return []
+    served = (f"Served by llama-server at export, greedy, on {engine['prompts']} prompts: alpha = accepted/drafted "
+              f"{engine['alpha']:.3f} ({engine['accepted']}/{engine['drafted']}).")
+    if "c" not in engine:  # an EAGLE-3 draft: llama-bench cannot time it
+        return [served, ""]
     gamma = engine["gamma"]
-    lines = [f"Served by llama-server at export, greedy, on {engine['prompts']} prompts: alpha = accepted/drafted "
-             f"{engine['alpha']:.3f} ({engine['accepted']}/{engine['drafted']}). llama-bench step costs: draft "
-             f"c = {engine['c']:.3f}, verify v({gamma}) = {engine['v'][str(gamma)]:.3f}; `--spec-draft-n-max {gamma}` "
-             f"predicts {engine['predicted_speedup']:.2f}x the target alone at per-token acceptance "
+    lines = [f"{served} llama-bench step costs: draft c = {engine['c']:.3f}, verify v({gamma}) = "
+             f"{engine['v'][str(gamma)]:.3f}; `--spec-draft-n-max {gamma}` predicts "
+             f"{engine['predicted_speedup']:.2f}x the target alone at per-token acceptance "
              f"{engine['token_acceptance']:.3f}.", ""]
     if engine["predicted_speedup"] < 1.0:
         lines += ["**llama.cpp: not worth serving as measured: serve the target without this draft.**", ""]

@@ -95,15 +95,26 @@ def write_gguf(model, tokenizer, path: Path, tokenizer_source_gguf: Path | None 
 
     writer = _Writer(None, MODEL_ARCH_NAMES[arch])
     _add_model_metadata(writer, config, path.stem, OUTTYPES[outtype][1])
-    if tokenizer_source_gguf is not None:
-        token_count = _copy_tokenizer_metadata(writer, Path(tokenizer_source_gguf))
-        if token_count != config.vocab_size:
-            raise ExportError(f"{tokenizer_source_gguf} has {token_count} tokens but the model's vocabulary has "
-                             f"{config.vocab_size} rows; llama.cpp needs them equal")
-    else:
-        _add_tokenizer_metadata(writer, tokenizer, config.vocab_size)
+    add_tokenizer(writer, tokenizer, tokenizer_source_gguf, config.vocab_size, "the model's vocabulary")
     _add_tensors(writer, model, arch, reorder_qk, OUTTYPES[outtype][0])
+    return write_atomically(writer, path)
 
+
+def add_tokenizer(writer: GGUFWriter, tokenizer, tokenizer_source_gguf: Path | None, vocab_size: int,
+                  whose: str) -> None:
+    """The `tokenizer.*` metadata: copied from tokenizer_source_gguf (the target's GGUF) when given, which must
+    hold vocab_size tokens, else built from `tokenizer`."""
+    if tokenizer_source_gguf is None:
+        _add_tokenizer_metadata(writer, tokenizer, vocab_size)
+        return
+    token_count = _copy_tokenizer_metadata(writer, Path(tokenizer_source_gguf))
+    if token_count != vocab_size:
+        raise ExportError(f"{tokenizer_source_gguf} has {token_count} tokens but {whose} has {vocab_size}; "
+                          f"llama.cpp needs them equal")
+
+
+def write_atomically(writer: GGUFWriter, path: Path, check=None) -> Path:
+    """The file written in a staging path and renamed into place; check(staging), when given, runs before."""
     with published(path) as staging:
         try:
             writer.write_header_to_file(staging)
@@ -113,6 +124,8 @@ def write_gguf(model, tokenizer, path: Path, tokenizer_source_gguf: Path | None 
             os.fsync(writer.fout[0].fileno())
         finally:
             writer.close()
+        if check is not None:
+            check(staging)
     return path
 
 

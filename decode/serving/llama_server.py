@@ -32,6 +32,9 @@ INSTALL_HINT = ("install the serving extra: CMAKE_ARGS=\"$(python -m decode.serv
 # what llama-server (b11434) logs when it will not use the draft
 DRAFT_REFUSALS = ("the target and draft vocabs are not compatible", "failed to initialize speculative decoding",
                   "failed to load draft model")
+# --spec-type (b11434): a draft model of its own, or an EAGLE-3 head over the target's hidden states
+DRAFT_SPEC_TYPE = "draft-simple"
+EAGLE3_SPEC_TYPE = "draft-eagle3"
 
 
 class ServerError(SpecdraftError, RuntimeError):
@@ -46,14 +49,29 @@ class ServerSpec:
     threads: int = 2
     ctx_size: int = 2048
     binary: Optional[str] = None
+    # --spec-type: how llama-server drafts with draft_gguf; None: as the file's architecture needs
+    spec_type: Optional[str] = None
+    parallel: int = 1  # -np: slots serving requests at once (they share ctx_size)
 
     def arguments(self, binary: str, port: int) -> list[str]:
         args = [binary, "-m", self.target_gguf, "--host", "127.0.0.1", "--port", str(port), "--metrics",
-                "-t", str(self.threads), "-c", str(self.ctx_size), "-np", "1", "--no-webui"]
+                "-t", str(self.threads), "-c", str(self.ctx_size), "-np", str(self.parallel), "--no-webui"]
         if self.draft_gguf:
-            args += ["-md", self.draft_gguf, "--spec-type", "draft-simple", "--spec-draft-n-max", str(self.gamma),
-                     "--spec-draft-p-min", "0", "-td", str(self.threads)]
+            args += ["-md", self.draft_gguf, "--spec-type", self.spec_type or draft_spec_type(self.draft_gguf),
+                     "--spec-draft-n-max", str(self.gamma), "--spec-draft-p-min", "0", "-td", str(self.threads)]
         return args
+
+
+def draft_spec_type(draft_gguf: str) -> str:
+    """The --spec-type a draft file needs. An EAGLE-3 head needs draft-eagle3: given as draft-simple, llama-server
+    (b11434) loads it without a word and drafts from inputs the head never reads in training."""
+    from gguf import GGUFReader
+
+    try:
+        field = GGUFReader(draft_gguf).fields.get("general.architecture")
+    except (ValueError, OSError):  # not a GGUF file: llama-server's own refusal says so
+        return DRAFT_SPEC_TYPE
+    return EAGLE3_SPEC_TYPE if field is not None and field.contents() == "eagle3" else DRAFT_SPEC_TYPE
 
 
 @dataclass

@@ -1,7 +1,18 @@
 """The export stage: the trained draft as a serving directory, checked by reading it back before it lands.
 
+A draft model of its own (pair.draft.kind=causal_lm):
+
     <export>/draft/          HF safetensors + config + the target's tokenizer (vLLM, SGLang)
     <export>/draft.gguf      the same weights for llama.cpp (-md)
+
+An EAGLE-3 head (pair.draft.kind=eagle3; decode/serving/eagle3_export.py):
+
+    <export>/draft/          the speculators format (vLLM) + the target's tokenizer
+    <export>/sglang/         the SpecForge format (SGLang)
+    <export>/draft.gguf      llama.cpp's EAGLE-3 GGUF (-md, --spec-type draft-eagle3)
+
+Both:
+
     <export>/serving/        vllm.json (--speculative-config), vllm.sh, sglang.sh, llama_cpp.sh
     <export>/README.md       model card: target, domain, data, method, alpha, gamma, provenance
     <export>/export.json     paths, flags, the round-trip checks and the engine check (llama-server, when installed)
@@ -14,26 +25,58 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM
 
 from decode.config import DecodeConfig, ExportConfig
 from decode.context import RunContext
+from decode.eagle3.head import Eagle3Head, is_eagle3_directory, save_head_files
 from decode.errors import ExportError, ExportMismatch
 from decode.files import published
 from decode.models import ModelSpec, load_model, locate, model_source
 from decode.results import EvalResult, ExportResult, GenerateResult, TrainResult
 from decode.sampling import SamplingParams
 from decode.serving.card import model_card
-from decode.serving.engines import ServingTarget, serving_flags, write_serving_files
+from decode.serving.eagle3_export import (head_round_trip, read_back_heads, sglang_capture_layer_ids,
+                                          sglang_unsupported_reason, write_sglang_head)
+from decode.serving.eagle3_gguf import write_eagle3_gguf
+from decode.serving.engines import ServingTarget, eagle3_serving_flags, serving_flags, write_serving_files
 from decode.serving.formats import check_tokenizer, serving_copy
 from decode.serving.gguf import rounded_as_written, write_gguf
 from decode.serving.engine_costs import measure_engine_costs
-from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary
+from decode.serving.llama_server import EAGLE3_SPEC_TYPE, LlamaServer, ServerError, ServerSpec, find_binary
 
 log = logging.getLogger(__name__)
+
+# llama-bench runs a draft GGUF alone, and an EAGLE-3 head needs its target's context (b11434 fails with "eagle3
+# requires ctx_other to be set")
+EAGLE3_ENGINE_COSTS = "not measured (llama-bench cannot run an EAGLE-3 draft without its target)"
+
+
+@dataclass
+class ExportJob:
+    """What every kind of export reads: the run, the settings, where the export lands and what it serves."""
+
+    ctx: RunContext
+    settings: ExportConfig
+    decode: DecodeConfig
+    draft_spec: ModelSpec  # the trained draft
+    destination: Path
+    target: ServingTarget
+    target_gguf: Path | None
+    gamma: int  # what the engines are told to draft
+    verify_ids: list[list[int]]  # the round trip's and the engine check's prompts
+    max_new_tokens: int
+    token_acceptance: float | None  # the eval's, for llama.cpp's gamma
+
+
+@dataclass
+class WrittenDraft:
+    flags: dict  # the engines' settings
+    checks: dict  # the round trip, and the engine check under "engine"
+    record: dict  # what export.json says of this kind of draft
 
 
 def export_destination(ctx: RunContext, settings: ExportConfig) -> Path:
@@ -56,40 +99,97 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
         return None
     target_dir, target_gguf = locate(ctx.target_spec)
     target_gguf = Path(target_dir, target_gguf) if target_gguf else None
-    serving_target = ServingTarget(_serving_target_path(ctx.target_spec), str(target_gguf) if target_gguf else None)
-    gamma = (evaluated.recommended_gamma if evaluated else None) or decode.gamma
+    job = ExportJob(ctx, settings, decode, draft_spec, destination,
+                    ServingTarget(_serving_target_path(ctx.target_spec), str(target_gguf) if target_gguf else None),
+                    target_gguf, gamma=(evaluated.recommended_gamma if evaluated else None) or decode.gamma,
+                    verify_ids=verify_prompt_ids[: settings.verify_prompts], max_new_tokens=verify_max_new_tokens,
+                    token_acceptance=evaluated.token_acceptance if evaluated else None)
+    write_draft = write_eagle3_draft if is_eagle3_directory(draft_spec.path) else write_causal_lm_draft
     with published(destination, directory=True) as staging:
-        draft = serving_copy(load_model(ModelSpec(path=draft_spec.path, dtype=draft_spec.dtype, device="cpu")))
-        draft.save_pretrained(staging / "draft")
-        ctx.pair.tokenizer.save_pretrained(staging / "draft")
-        check_tokenizer(staging / "draft", ctx.pair.tokenizer)
-        gguf_path = None
-        if settings.gguf:
-            gguf_path = write_gguf(draft, ctx.pair.tokenizer, staging / "draft.gguf",
-                                   tokenizer_source_gguf=target_gguf, outtype=settings.gguf_type)
-        checks = {}
-        if settings.verify_prompts:
-            verify_ids = verify_prompt_ids[: settings.verify_prompts]
-            checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, decode, verify_ids,
-                                verify_max_new_tokens, settings.gguf_type)
-            if gguf_path is not None and target_gguf is not None and settings.engine_check:
-                checks["engine"] = engine_check(ServerSpec(str(target_gguf), str(gguf_path), gamma=decode.gamma),
-                                                verify_ids, verify_max_new_tokens, ctx.run_dir / "engine_check.log",
-                                                evaluated.token_acceptance if evaluated else None)
-        engine = checks.get("engine", {})
-        flags = serving_flags(serving_target, destination / "draft",
-                              destination / "draft.gguf" if gguf_path else None, gamma, engine.get("gamma"))
+        written = write_draft(job, staging)
+        engine = written.checks.get("engine", {})
         warning = evaluated.verdict if evaluated else None
-        write_serving_files(staging / "serving", flags, warning, engine_warning(engine))
-        result = ExportResult(draft_fingerprint=draft_fingerprint, export_path=str(destination), gamma=gamma,
-                              evaluated=evaluated is not None, flags=flags, round_trip=checks)
+        write_serving_files(staging / "serving", written.flags, warning, engine_warning(engine))
+        result = ExportResult(draft_fingerprint=draft_fingerprint, export_path=str(destination), gamma=job.gamma,
+                              evaluated=evaluated is not None, flags=written.flags, round_trip=written.checks)
         record = {**asdict(result), "worth_serving": warning is None if evaluated else None,
-                  "step_costs": serving_step_costs(evaluated, engine, gamma),
-                  "draft_vocab_size": len(draft.config.draft_vocab) if getattr(draft.config, "draft_vocab", None)
-                  else None}
+                  "step_costs": serving_step_costs(evaluated, engine, job.gamma), **written.record}
         (staging / "export.json").write_text(json.dumps(record, indent=2) + "\n")
         (staging / "README.md").write_text(model_card(record, evaluated, trained, generated, config))
     return result
+
+
+def write_causal_lm_draft(job: ExportJob, staging: Path) -> WrittenDraft:
+    """A draft model of its own: HF safetensors (vLLM, SGLang) and a GGUF of the same weights (llama.cpp)."""
+    ctx, settings, draft_spec = job.ctx, job.settings, job.draft_spec
+    draft = serving_copy(load_model(ModelSpec(path=draft_spec.path, dtype=draft_spec.dtype, device="cpu")))
+    draft.save_pretrained(staging / "draft")
+    save_target_tokenizer(ctx, staging / "draft")
+    gguf_path = None
+    if settings.gguf:
+        gguf_path = write_gguf(draft, ctx.pair.tokenizer, staging / "draft.gguf", tokenizer_source_gguf=job.target_gguf,
+                               outtype=settings.gguf_type)
+    checks = {}
+    if settings.verify_prompts:
+        checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, job.decode, job.verify_ids,
+                            job.max_new_tokens, settings.gguf_type)
+        if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
+            checks["engine"] = engine_check(ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma),
+                                            job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log",
+                                            job.token_acceptance)
+    flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
+                          job.gamma, checks.get("engine", {}).get("gamma"))
+    kept = getattr(draft.config, "draft_vocab", None)
+    files = {"vllm": "draft", "sglang": "draft", **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
+    return WrittenDraft(flags, checks, {"draft_kind": "causal_lm", "draft_vocab_size": len(kept) if kept else None,
+                                        "files": files})
+
+
+def write_eagle3_draft(job: ExportJob, staging: Path) -> WrittenDraft:
+    """An EAGLE-3 head: the speculators directory (vLLM), the SpecForge directory (SGLang, when it can serve the
+    head) and the EAGLE-3 GGUF (llama.cpp)."""
+    ctx, settings = job.ctx, job.settings
+    head = ctx.load_trained_draft()
+    target_layers = ctx.pair.target.config.num_hidden_layers
+    save_head_files(head, staging / "draft", job.gamma, verifier=job.target.hf_path)
+    save_target_tokenizer(ctx, staging / "draft")  # so that pair.draft.path=<export> finds the target's tokens
+    sglang_skipped = sglang_unsupported_reason(head.config)
+    sglang_dir = None if sglang_skipped else write_sglang_head(head, staging / "sglang", target_layers)
+    gguf_path = None
+    if settings.gguf:
+        gguf_path = write_eagle3_gguf(head, ctx.pair.tokenizer, staging / "draft.gguf",
+                                      tokenizer_source_gguf=job.target_gguf, outtype=settings.gguf_type)
+    checks = {}
+    if settings.verify_prompts:
+        written = read_back_heads(head, staging / "draft", sglang_dir, gguf_path, target_layers, settings.gguf_type)
+        checks = head_round_trip(ctx.pair, written, job.verify_ids, job.max_new_tokens,
+                                 job.decode.gamma_policy(dynamic=False), job.draft_spec.path)
+        if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
+            spec = ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma, spec_type=EAGLE3_SPEC_TYPE)
+            checks["engine"] = eagle3_engine_check(spec, job.verify_ids, job.max_new_tokens,
+                                                   ctx.run_dir / "engine_check.log")
+    flags = eagle3_serving_flags(job.target, job.destination / "draft",
+                                 job.destination / "sglang" if sglang_dir else None,
+                                 job.destination / "draft.gguf" if gguf_path else None, job.gamma)
+    files = {"vllm": "draft", **({"sglang": "sglang"} if sglang_dir else {}),
+             **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
+    return WrittenDraft(flags, checks, {"draft_kind": "eagle3", "draft_vocab_size": head.config.draft_vocab_size,
+                                        "files": files, "eagle3": eagle3_record(head, target_layers, sglang_skipped)})
+
+
+def eagle3_record(head: Eagle3Head, target_layers: int, sglang_skipped: str | None) -> dict:
+    """What export.json and the model card say of the head beyond its files."""
+    config = head.config
+    return {"capture_layers": list(config.capture_layers), "target_layers": target_layers,
+            "sglang_capture_layer_ids": sglang_capture_layer_ids(config.capture_layers, target_layers),
+            "norm_before_residual": config.norm_before_residual, "vocab_size": config.vocab_size,
+            "llama_cpp_step_costs": EAGLE3_ENGINE_COSTS,
+            **({"sglang_skipped": sglang_skipped} if sglang_skipped else {})}
+
+
+def save_target_tokenizer(ctx: RunContext, directory: Path) -> None:
+    ctx.pair.tokenizer.save_pretrained(directory)
+    check_tokenizer(directory, ctx.pair.tokenizer)
 
 
 def serving_step_costs(evaluated: EvalResult | None, engine: dict, gamma: int) -> dict | None:
@@ -117,11 +217,38 @@ def engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: 
 
     Then llama-bench measures the engine's own step costs (c, v(gamma)), and with the eval's per-token acceptance
     (else the engine's alpha here) they give the gamma llama_cpp.sh uses and the speedup it predicts."""
+    missing = missing_server(spec)
+    if missing:
+        return {"skipped": missing}
+    served = served_draft_counts(spec, prompt_ids, max_new_tokens, log_path)
+    costs = measure_engine_costs(find_binary(spec.binary), spec.target_gguf, spec.draft_gguf, spec.threads)
+    acceptance = token_acceptance if token_acceptance is not None else served["alpha"]
+    gamma = costs.best_gamma(acceptance)
+    return {**served, **costs.to_dict(), "gamma": gamma, "token_acceptance": acceptance,
+            "predicted_speedup": costs.expected_speedup(acceptance, gamma)}
+
+
+def eagle3_engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path) -> dict:
+    """The same for an EAGLE-3 GGUF (spec.spec_type draft-eagle3), without step costs (EAGLE3_ENGINE_COSTS)."""
+    missing = missing_server(spec)
+    if missing:
+        return {"skipped": missing}
+    return served_draft_counts(spec, prompt_ids, max_new_tokens, log_path)
+
+
+def missing_server(spec: ServerSpec) -> str | None:
+    """Why llama-server cannot be run here (None when it can)."""
     try:
         find_binary(spec.binary)
     except ServerError as error:
         log.info("engine check skipped: %s", error)
-        return {"skipped": str(error)}
+        return str(error)
+    return None
+
+
+def served_draft_counts(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path) -> dict:
+    """The prompts served with the draft: what it drafted and the target accepted; ExportMismatch when the
+    server refuses the draft or drafts nothing."""
     try:
         with LlamaServer(spec, log_path) as server:
             replies = [server.complete(ids, max_new_tokens) for ids in prompt_ids]
@@ -131,12 +258,7 @@ def engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: 
     if drafted == 0:
         raise ExportMismatch(f"llama-server loaded the exported draft but drafted nothing (see {log_path}): "
                              f"nothing was published")
-    costs = measure_engine_costs(server.binary, spec.target_gguf, spec.draft_gguf, spec.threads)
-    acceptance = token_acceptance if token_acceptance is not None else accepted / drafted
-    gamma = costs.best_gamma(acceptance)
-    return {"prompts": len(replies), "drafted": drafted, "accepted": accepted, "alpha": accepted / drafted,
-            **costs.to_dict(), "gamma": gamma, "token_acceptance": acceptance,
-            "predicted_speedup": costs.expected_speedup(acceptance, gamma)}
+    return {"prompts": len(replies), "drafted": drafted, "accepted": accepted, "alpha": accepted / drafted}
 
 
 def engine_warning(engine: dict) -> str | None:

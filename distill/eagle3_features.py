@@ -1,0 +1,151 @@
+"""The target's hidden states at an EAGLE-3 head's capture layers, for every token of the training sequences.
+
+At position P the head reads g_P: the target's residual stream entering its three capture layers
+(transformers' hidden_states[i] is the input of layer i), low to high, width 3 x target hidden. They are
+computed in batched teacher-forced forwards of the target over the sequences (prompt + answer) and cached
+under <cache>/eagle3-features, keyed by the answers' dataset, the target, the capture layers, the storage
+dtype and the sequences themselves (max_length cuts them), so a rerun or a resumed run reuses them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
+
+from decode.files import published
+from decode.models import cache_root
+from distill.data import Example, collate
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+# bfloat16 halves float32's disk and memory and keeps its exponent range: a few channels of the residual
+# stream are very large (float16 could overflow there). Its precision is what the head reads when it
+# serves next to a bf16 target anyway.
+STORAGE_DTYPE = torch.bfloat16
+
+
+@dataclass(frozen=True, eq=False)
+class FeaturedExample(Example):
+    """A training sequence with the target's capture-layer states at each of its tokens."""
+
+    target_hidden: torch.Tensor  # [tokens, 3 H_t]
+
+
+@dataclass
+class TargetFeatures:
+    """The capture-layer states of many sequences: one flat tensor, sequence i at rows offsets[i]:offsets[i + 1]."""
+
+    flat: torch.Tensor  # [tokens, 3 H_t], STORAGE_DTYPE, on the CPU
+    offsets: torch.Tensor  # [sequences + 1]
+    seconds: float  # the target's forwards that computed them (a reuse reports the first computation's)
+    path: Path
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return self.flat[self.offsets[index]: self.offsets[index + 1]]
+
+    @property
+    def tokens(self) -> int:
+        return int(self.offsets[-1])
+
+    @property
+    def bytes_per_token(self) -> int:
+        """In memory: one row of `flat`."""
+        return self.flat.shape[1] * self.flat.element_size()
+
+    def with_examples(self, examples: list[Example]) -> list[FeaturedExample]:
+        return [FeaturedExample(**vars(example), target_hidden=self[index]) for index, example in enumerate(examples)]
+
+
+def capture_hidden_states(target, sequences: list[list[int]], capture_layers: list[int],
+                          batch_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """-> (flat [tokens, 3 H_t] in STORAGE_DTYPE on the CPU, offsets [sequences + 1]), in the order of `sequences`.
+
+    Sequences of similar length share a forward, right-padded: a causal model's states at a token never see
+    the padding after it.
+    """
+    device = next(target.parameters()).device
+    order = sorted(range(len(sequences)), key=lambda i: len(sequences[i]))
+    pieces: list[torch.Tensor | None] = [None] * len(sequences)
+    with torch.inference_mode():
+        for begin in range(0, len(order), batch_size):
+            rows = order[begin: begin + batch_size]
+            lengths = [len(sequences[i]) for i in rows]
+            input_ids = torch.zeros(len(rows), max(lengths), dtype=torch.long, device=device)
+            attention_mask = torch.zeros_like(input_ids)
+            for row, (index, length) in enumerate(zip(rows, lengths)):
+                input_ids[row, :length] = torch.tensor(sequences[index], device=device)
+                attention_mask[row, :length] = 1
+            states = target.base_model(input_ids=input_ids, attention_mask=attention_mask,
+                                       output_hidden_states=True, use_cache=False).hidden_states
+            captured = torch.cat([states[layer] for layer in capture_layers], dim=-1).to(STORAGE_DTYPE).cpu()
+            for row, (index, length) in enumerate(zip(rows, lengths)):
+                pieces[index] = captured[row, :length]
+    offsets = torch.tensor([0] + [len(sequence) for sequence in sequences]).cumsum(0)
+    return torch.cat(pieces), offsets
+
+
+def features_path(answers_directory: str, target_fingerprint: str, capture_layers: list[int],
+                  sequences: list[list[int]]) -> Path:
+    tokens = hashlib.sha256()
+    for sequence in sequences:
+        tokens.update(torch.tensor(sequence, dtype=torch.int64).numpy().tobytes() + b"|")
+    described = json.dumps({"version": FORMAT_VERSION, "answers": Path(answers_directory).name,
+                            "target": target_fingerprint, "capture_layers": list(capture_layers),
+                            "dtype": str(STORAGE_DTYPE), "sequences": tokens.hexdigest()}, sort_keys=True)
+    key = hashlib.sha256(described.encode()).hexdigest()[:16]
+    return cache_root() / "eagle3-features" / f"{Path(answers_directory).name}-{key}.safetensors"
+
+
+def target_features(target, examples: list[Example], capture_layers: list[int], answers_directory: str,
+                    target_fingerprint: str, batch_size: int, accelerator) -> TargetFeatures:
+    """The examples' capture-layer states, from the cache or computed and cached. Under several processes the
+    main one computes and writes them while the others wait, then every process reads the file."""
+    sequences = [example.input_ids for example in examples]
+    path = features_path(answers_directory, target_fingerprint, capture_layers, sequences)
+    if accelerator.is_main_process and not path.is_file():
+        began = time.perf_counter()
+        flat, offsets = capture_hidden_states(target, sequences, capture_layers, batch_size)
+        seconds = time.perf_counter() - began
+        with published(path) as staging:
+            save_file({"target_hidden": flat, "offsets": offsets}, str(staging), metadata={"seconds": f"{seconds:.3f}"})
+        log.info("computed the target's states at layers %s for %d sequences in %.1f s: %s",
+                 list(capture_layers), len(sequences), seconds, path)
+    elif accelerator.is_main_process:
+        log.info("reusing the target's states at layers %s from %s", list(capture_layers), path)
+    accelerator.wait_for_everyone()
+    return read_features(path)
+
+
+def read_features(path: Path) -> TargetFeatures:
+    tensors = load_file(str(path))
+    with safe_open(str(path), framework="pt") as handle:
+        seconds = float(handle.metadata()["seconds"])
+    features = TargetFeatures(tensors["target_hidden"], tensors["offsets"], seconds, path)
+    log.info("target states: %d tokens, %d bytes a token in memory (%s x %d), %.0f on disk; the forwards took "
+             "%.1f s", features.tokens, features.bytes_per_token, str(STORAGE_DTYPE).removeprefix("torch."),
+             features.flat.shape[1], path.stat().st_size / max(features.tokens, 1), features.seconds)
+    return features
+
+
+def collate_with_target_hidden(examples: list[FeaturedExample], pad_token_id: int) -> dict:
+    """collate's tensors plus target_hidden [B, T, 3 H_t] (zeros past each row's end)."""
+    batch = collate(examples, pad_token_id)
+    batch_size, width = batch["input_ids"].shape
+    first = examples[0].target_hidden
+    target_hidden = first.new_zeros(batch_size, width, first.shape[-1])
+    for row, example in enumerate(examples):
+        target_hidden[row, : len(example.target_hidden)] = example.target_hidden
+    batch["target_hidden"] = target_hidden
+    return batch

@@ -1,0 +1,27 @@
+"""JSONL files of objects, read line by line with errors that name the file and line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from decode.errors import PromptError
+
+
+def json_objects(path: Path, empty_lines: str = "skip"):
+    """(where, line number, record) for each line of a JSONL file of objects; a line that is no JSON object
+    fails with its file:line. empty_lines: skip | refuse."""
+    with path.open(encoding="utf-8") as lines:
+        for number, line in enumerate(lines, start=1):
+            where = f"{path}:{number}"
+            if not line.strip():
+                if empty_lines == "refuse":
+                    raise PromptError(f"{where}: empty line; remove it")
+                continue
+            try:
+                record = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise PromptError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+            if not isinstance(record, dict):
+                raise PromptError(f"{where}: expected a JSON object, got {type(record).__name__}")
+            yield where, number, record

@@ -1,0 +1,200 @@
+"""Prompts written by the target itself (Magpie, Xu et al. 2024): an aligned chat model, given its chat template
+up to the start of a user's message, writes user requests from the distribution it was aligned on.
+
+The pre-query template is cut from the tokenizer's own chat template (a conversation with a sentinel user
+message, cut at the sentinel), after the domain's system prompt where it has one: that steers the domain. The
+target samples until it ends the user turn; requests that reach the length bound, that are empty, or that repeat
+an earlier one after normalisation are dropped; a seed always writes the same prompts. They are written once per
+target, system prompt, seed and settings into a JSONL prompt file under the cache (published whole, so a killed
+run writes them again and a finished one is reused), then split and read like a jsonl source.
+
+Also how diverse a prompt set is (distinct n-grams, nearest-neighbour similarity), to compare target-written
+prompts with template-made ones: scripts/prompt_diversity.py.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import math
+import re
+import zlib
+from collections import Counter
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+
+from decode.errors import ConfigError, PairError, PromptError
+from decode.files import published
+from decode.models import cache_root
+from decode.runner import CausalLMRunner
+from decode.sampling import SamplingParams
+from distill.config import DomainConfig
+from distill.data import DomainPrompts, load_domain_prompts
+from distill.generate import answer_prompts
+
+log = logging.getLogger(__name__)
+
+FORMAT_VERSION = 1
+SENTINEL = "SpecdraftSentinelUserMessage"
+SAMPLES_PER_PROMPT = 4  # the sampling budget: at most this many samples per prompt asked for
+
+
+def check_magpie_settings(domain_cfg: DomainConfig) -> SamplingParams:
+    """The sampling of the target-written prompts, with every magpie setting checked (before a model loads)."""
+    if domain_cfg.magpie_prompts < 1 or domain_cfg.magpie_max_prompt_tokens < 1:
+        raise ConfigError(f"domain.magpie_prompts and domain.magpie_max_prompt_tokens must be >= 1, got "
+                          f"{domain_cfg.magpie_prompts} and {domain_cfg.magpie_max_prompt_tokens}")
+    if domain_cfg.magpie_temperature <= 0:
+        raise ConfigError(f"domain.magpie_temperature must be > 0 (greedy would write one prompt), got "
+                          f"{domain_cfg.magpie_temperature}")
+    try:
+        return SamplingParams(temperature=domain_cfg.magpie_temperature, top_p=domain_cfg.magpie_top_p)
+    except ValueError as error:
+        raise ConfigError(f"domain.magpie_*: {error}") from None
+
+
+def pre_query_template(tokenizer, system_prompt: str | None = None) -> tuple[list[int], list[int]]:
+    """-> (the chat template's ids up to where a user's message begins, the special token that ends a user
+    turn there, if the template has one)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise PairError("the target tokenizer has no chat template, so there is no user turn for the target to "
+                        "write: domain.source=magpie needs a chat-aligned (instruct) target with its template; "
+                        "for a base model use another domain.source (shipped, jsonl, parquet, hf, conversations)")
+    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
+        [{"role": "user", "content": SENTINEL}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    before, found, after = rendered.partition(SENTINEL)
+    if not found:
+        raise PairError("the target's chat template does not render a user's message as written, so where one "
+                        "begins is unknown: domain.source=magpie cannot use it")
+    first_after = tokenizer.encode(after, add_special_tokens=False)[:1]
+    return (tokenizer.encode(before, add_special_tokens=False),
+            [token for token in first_after if token in tokenizer.all_special_ids])
+
+
+def normal_form(text: str) -> str:
+    """Lower-case words alone: requests that differ only in case, spacing or punctuation are one request."""
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def rejection(text: str, ended: bool, seen: set[str]) -> str | None:
+    """Why a sampled request is dropped: runaway (it reached the length bound), empty or duplicate; None when
+    it is kept, and its normal form joins `seen`."""
+    if not ended:
+        return "runaway"
+    normal = normal_form(text)
+    if not normal:
+        return "empty"
+    if normal in seen:
+        return "duplicate"
+    seen.add(normal)
+    return None
+
+
+def target_written_prompts(runner: CausalLMRunner, tokenizer, eos_token_ids: list[int], count: int, seed: int,
+                           system_prompt: str | None = None, max_prompt_tokens: int = 256,
+                           sampling: SamplingParams = SamplingParams(), batch_size: int = 32) -> list[str]:
+    """Up to `count` user requests the target writes after its template's user header, in the order sampled;
+    the same for the same seed (and batch size). Fewer, with a warning, when the sampling budget runs out."""
+    prefix, turn_end = pre_query_template(tokenizer, system_prompt)
+    stops = sorted(set(eos_token_ids) | set(turn_end))
+    kept, seen, dropped = [], set(), Counter()
+    for round_ in range(math.ceil(SAMPLES_PER_PROMPT * count / batch_size)):
+        rows = answer_prompts(runner, stops, [prefix] * batch_size, sampling, max_prompt_tokens, batch_size,
+                              seed=seed * 100_003 + round_, show_progress=False)
+        for row in rows:
+            if len(kept) == count:
+                break
+            text = tokenizer.decode(row["input_ids"][len(prefix):], skip_special_tokens=True).strip()
+            reason = rejection(text, row["stopped_by_eos"], seen)
+            if reason:
+                dropped[reason] += 1
+            else:
+                kept.append(text)
+        if len(kept) == count:
+            break
+    log.info("the target wrote %d prompts; dropped: %s", len(kept), dict(dropped) or "none")
+    if not kept:
+        raise PromptError(f"the target wrote no usable prompt in {sum(dropped.values())} samples ({dict(dropped)}): "
+                          f"raise domain.magpie_max_prompt_tokens if they ran away, or check the chat template")
+    if len(kept) < count:
+        log.warning("the target wrote %d distinct prompts of the %d asked for", len(kept), count)
+    return kept
+
+
+def magpie_prompt_file(domain_cfg: DomainConfig, target_fingerprint: str, seed: int, batch_size: int) -> Path:
+    """Where the target-written prompts of these settings are kept, under the cache."""
+    described = json.dumps({
+        "version": FORMAT_VERSION, "target": target_fingerprint, "system_prompt": domain_cfg.system_prompt,
+        "seed": seed, "count": domain_cfg.magpie_prompts, "max_prompt_tokens": domain_cfg.magpie_max_prompt_tokens,
+        "temperature": domain_cfg.magpie_temperature, "top_p": domain_cfg.magpie_top_p, "batch_size": batch_size},
+        sort_keys=True)
+    key = hashlib.sha256(described.encode()).hexdigest()[:16]
+    return cache_root() / "prompts" / f"{domain_cfg.name}-magpie-{key}.jsonl"
+
+
+def magpie_domain_prompts(domain_cfg: DomainConfig, pair, target_fingerprint: str, seed: int, batch_size: int,
+                          accelerator=None) -> DomainPrompts:
+    """The domain's prompts written by the target (source magpie), split train/validation/heldout by a hash
+    of their ids like a jsonl source's. Written on first use (by the main process, under accelerate)."""
+    sampling = check_magpie_settings(domain_cfg)
+    path = magpie_prompt_file(domain_cfg, target_fingerprint, seed, batch_size)
+    if path.is_file():
+        log.info("reusing the target-written prompts in %s", path)
+    elif accelerator is None or accelerator.is_main_process:
+        texts = target_written_prompts(pair.target_runner(), pair.tokenizer, pair.eos_token_ids,
+                                       domain_cfg.magpie_prompts, seed, domain_cfg.system_prompt,
+                                       domain_cfg.magpie_max_prompt_tokens, sampling, batch_size)
+        with published(path) as staging:
+            staging.write_text("".join(json.dumps({"id": f"magpie-{index:05d}", "prompt": text}) + "\n"
+                                       for index, text in enumerate(texts)), encoding="utf-8")
+        log.info("target-written prompts: %s", path)
+    if accelerator is not None:
+        accelerator.wait_for_everyone()
+    return load_domain_prompts(replace(domain_cfg, source="jsonl", path=str(path), fields=DomainConfig().fields))
+
+
+# Diversity --------------------------------------------------------------------------------------------------
+
+def words(text: str) -> list[str]:
+    return re.findall(r"\w+", text.lower())
+
+
+def distinct_n(texts: list[str], n: int) -> float:
+    """Distinct n-grams of words over all n-grams of the set (0 without any). It falls as a set grows: compare
+    sets of one size."""
+    grams = [tuple(tokens[i: i + n]) for tokens in map(words, texts) for i in range(len(tokens) - n + 1)]
+    return len(set(grams)) / len(grams) if grams else 0.0
+
+
+def nearest_neighbour_similarity(texts: list[str], buckets: int = 2**13, block: int = 512) -> float:
+    """The mean over the texts of the cosine similarity to the most similar other text, over counts of word
+    unigrams and bigrams hashed into `buckets` features: near 1 for a set of near-copies, near 0 for unrelated
+    texts. Counts, not TF-IDF: weighting by the set's own document frequencies would discount the very words a
+    template repeats."""
+    if len(texts) < 2:
+        raise ValueError("nearest-neighbour similarity needs at least 2 texts")
+    counts = np.zeros((len(texts), buckets), dtype=np.float32)
+    for row, text in enumerate(texts):
+        tokens = words(text)
+        for gram in tokens + [f"{a} {b}" for a, b in zip(tokens, tokens[1:])]:
+            counts[row, zlib.crc32(gram.encode()) % buckets] += 1
+    unit = counts / np.maximum(np.linalg.norm(counts, axis=1, keepdims=True), 1e-12)
+    nearest = []
+    for begin in range(0, len(texts), block):
+        similarity = unit[begin: begin + block] @ unit.T
+        rows = np.arange(similarity.shape[0])
+        similarity[rows, begin + rows] = -np.inf  # not itself
+        nearest.append(similarity.max(axis=1))
+    return float(np.concatenate(nearest).mean())
+
+
+def prompt_diversity(texts: list[str]) -> dict:
+    """How varied a prompt set is: its size, mean length in words, distinct-1/2/3 and nearest-neighbour
+    similarity (lower is more diverse)."""
+    return {"prompts": len(texts), "mean_words": float(np.mean([len(words(text)) for text in texts])),
+            **{f"distinct_{n}": distinct_n(texts, n) for n in (1, 2, 3)},
+            "nearest_neighbour_similarity": nearest_neighbour_similarity(texts)}

@@ -1,0 +1,362 @@
+"""generate's answers from a serving engine over HTTP: vLLM, SGLang or llama-server instead of the target here.
+
+For answering millions of prompts on a GPU fleet, the engine's own batching and data-parallel serving (vLLM's
+--data-parallel-size behind one URL) are the distributed engine: generate only sends the requests, up to
+generate.server_parallel at a time, and records what comes back in the format of distill/generate.py.
+
+    generate.answers=in_process    the target answers here, in batches (the default)
+    generate.answers=server        an OpenAI-compatible server at generate.server_url answers
+    generate.answers=llama_server  llama-server is started on 127.0.0.1 for the target's GGUF, and stopped after
+
+Measured on a 2-core CPU like this project's machine: llama-server with 8 slots and top-20 log-probabilities gave
+123 tok/s of answers (87 tok/s with one slot), about what in-process batch-32 generation gives there. So in_process
+stays the default on such a CPU; a server pays where it runs on faster hardware than generate does (a GPU fleet).
+
+Each request is one prompt as token ids (the chat-formatted prompt generate builds, so the answer is in the
+target's template exactly), sampled as generate samples (temperature, then top-k, then top-p, as
+decode/sampling.py), asking for the k = generate.top_k_logprobs most likely next tokens at every answer token with
+their log-probabilities at temperature 1: the target's distribution before the sampling transform. What each
+engine returns:
+
+  llama-server (b11434): its own route /completion with n_probs=k, return_tokens, post_sampling_probs=false gives
+    `tokens` (every answer token's id, EOS included) and `completion_probabilities`: per token {id, logprob,
+    top_logprobs: [{id, logprob}]}, from the softmax of the raw logits (post_sampling_probs=true would give
+    `prob`s after its samplers). Its OpenAI route /v1/completions gives the same entries but not every token's id.
+    It sends no entry for a token after which the text ends inside a UTF-8 character (the next entry carries the
+    merged text): for such an answer each position is asked again, the answer so far as the prompt, EOS forced
+    as the one new token (a complete piece; logit_bias leaves the recorded log-probabilities alone).
+    Its default sampler chain adds min_p 0.05 and applies temperature last: samplers=[top_k, temperature, top_p]
+    is sent instead. Its default flash attention keeps K and V in f16: on the tiny target its log-probabilities
+    differ from a float32 forward here by up to 4e-3 (2e-6 with -fa off -ctk f32 -ctv f32).
+  vLLM (0.33, read from its source, not run here): /v1/completions with logprobs=k, return_tokens_as_token_ids
+    (tokens named "token_id:<id>") and return_token_ids; its default --logprobs-mode raw_logprobs is the
+    log-softmax of the model's logits before penalties, temperature, top-k and top-p. It refuses k above
+    --max-logprobs (20 by default) with HTTP 400: start it with --max-logprobs k. Each position's top_logprobs
+    holds the sampled token beside the k most likely; the k most likely are kept.
+  SGLang: not verified here. Its /v1/completions is read as vLLM's; token names that are text, not ids, are refused
+    (mapping text back to ids is ambiguous).
+
+Where an engine gives fewer than k entries, every position is recorded with the fewest any position got, and a
+warning says so: the loss (distill/losses.py coarse_grained) then sees those tokens and one bucket for all the
+others, a coarser view of the target's distribution (a lower bound of the divergence over the full vocabulary).
+
+The cache key holds the source (server URL and model, or llama_server), so answers from different sources never
+mix. Under `accelerate launch` each process sends its share of the prompts (with llama_server, to a server of its
+own).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+import urllib.error
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from tqdm.auto import tqdm
+
+from decode.errors import ConfigError, SpecdraftError
+from decode.models import ModelSpec, locate
+from decode.sampling import SamplingParams
+from decode.serving.llama_server import LlamaServer, ServerSpec
+
+log = logging.getLogger(__name__)
+
+IN_PROCESS, SERVER, LLAMA_SERVER = "in_process", "server", "llama_server"
+SOURCES = (IN_PROCESS, SERVER, LLAMA_SERVER)
+NATIVE_API, OPENAI_API = "llama_server", "openai"  # how a server is asked
+PROBE_TIMEOUT_S = 5.0
+ANSWER_TIMEOUT_S = 600.0
+SLOT_MARGIN = 16  # tokens beyond prompt + answer in a llama-server slot: it stops one token before a full slot
+START_HINT = ("start one there (vLLM: `vllm serve <target> --max-logprobs <generate.top_k_logprobs>`; llama-server: "
+              "`llama-server -m <target>.gguf --port <port>`), or set generate.answers=llama_server (started here "
+              "for the target's GGUF) or generate.answers=in_process")
+
+
+class AnswerServerError(SpecdraftError, RuntimeError):
+    """The server that answers for generate is unreachable, failed a request, or gave no log-probabilities."""
+
+
+def answer_source(settings) -> str:
+    """What the answers come from, as the cache key holds it (GenerateConfig -> str); checks the settings."""
+    if settings.answers not in SOURCES:
+        raise ConfigError(f"generate.answers must be one of {', '.join(SOURCES)}, got {settings.answers!r}")
+    if settings.server_parallel < 1:
+        raise ConfigError(f"generate.server_parallel must be >= 1, got {settings.server_parallel}")
+    if settings.answers != SERVER:
+        return settings.answers
+    if not settings.server_url:
+        raise ConfigError("generate.answers=server needs generate.server_url, the server's base URL "
+                          "(e.g. http://127.0.0.1:8000/v1)")
+    return " ".join(filter(None, [SERVER, api_root(settings.server_url), settings.server_model]))
+
+
+def api_root(url: str) -> str:
+    """http://host:8000/v1/ -> http://host:8000: the OpenAI routes lie under /v1, llama-server's own at the root."""
+    root = url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+@contextmanager
+def answering_server(settings, target_spec: ModelSpec, eos_token_ids: list[int],
+                     log_path: Path) -> Iterator["ServedAnswers | None"]:
+    """What answers for generate: None where the target answers in process; a llama-server started for it is
+    stopped on leaving."""
+    if answer_source(settings) == IN_PROCESS:
+        yield None
+        return
+    served = ServedAnswers(settings, target_spec, eos_token_ids, log_path)
+    try:
+        yield served
+    finally:
+        served.close()
+
+
+@dataclass
+class ServedAnswers:
+    """Answers prompts through the configured server (generate.answers=server or llama_server)."""
+
+    def __init__(self, settings, target_spec: ModelSpec, eos_token_ids: list[int], log_path: Path):
+        self.settings, self.target_spec, self.eos_token_ids = settings, target_spec, list(eos_token_ids)
+        self.source = answer_source(settings)
+        self.log_path = Path(log_path)
+        self.server: LlamaServer | None = None
+        self.slot_tokens = 0  # the context of each slot of the started llama-server
+        self.warned_narrow = False
+
+    def answer(self, prompt_ids: list[list[int]], sampling: SamplingParams, max_new_tokens: int, seed: int,
+               top_k_logprobs: int, description: str = "generate", show_progress: bool = True) -> list[dict]:
+        """As distill/generate.py answer_prompts: per prompt, in order, {"input_ids", "prompt_length",
+        "stopped_by_eos"} and, with top_k_logprobs, "target_top_ids" / "target_top_logprobs". Prompt i is
+        sampled with seed + i."""
+        client = self._client(max(map(len, prompt_ids), default=0) + max_new_tokens)
+        log.info("%s: answers from %s (%s API), %d requests at a time", description, client.root, client.api,
+                 self.settings.server_parallel)
+        started = time.perf_counter()
+        served = client.answer_all(prompt_ids, sampling, max_new_tokens, seed, top_k_logprobs,
+                                   self.settings.server_parallel, description, show_progress)
+        seconds, answer_tokens = time.perf_counter() - started, sum(len(tokens) for tokens, _ in served)
+        log.info("%s: %d answers, %d tokens in %.1f s (%.1f tok/s)", description, len(served), answer_tokens,
+                 seconds, answer_tokens / max(seconds, 1e-9))
+        if client.asked_again:
+            log.info("%s: %d answers had tokens that end inside a UTF-8 character, which llama-server sends no "
+                     "log-probabilities for: their positions were asked again, one request each",
+                     description, client.asked_again)
+        return self._records(prompt_ids, served, top_k_logprobs)
+
+    def _records(self, prompt_ids: list[list[int]], served: list, k: int) -> list[dict]:
+        records = [{"input_ids": list(prompt) + tokens, "prompt_length": len(prompt),
+                    "stopped_by_eos": bool(tokens) and tokens[-1] in self.eos_token_ids}
+                   for prompt, (tokens, _) in zip(prompt_ids, served)]
+        if not k:
+            return records
+        width = min((len(entries) for _, top in served for entries in top), default=k)
+        if width == 0:
+            raise AnswerServerError(f"{self.source} returned answer tokens with no log-probabilities listed")
+        if width < k and not self.warned_narrow:
+            log.warning("the server gave %d log-probabilities per answer token where generate.top_k_logprobs=%d "
+                        "asked for more: every token is recorded with its %d most likely, and the loss sees those %d "
+                        "and one bucket for all other tokens, a coarser view of the target's distribution "
+                        "(raise the engine's cap, e.g. vLLM --max-logprobs %d)", width, k, width, width, k)
+            self.warned_narrow = True
+        for record, (_, top) in zip(records, served):
+            record["target_top_ids"] = [[token for token, _ in entries[:width]] for entries in top]
+            record["target_top_logprobs"] = [[log_prob for _, log_prob in entries[:width]] for entries in top]
+        return records
+
+    def _client(self, slot_tokens: int) -> "AnswerClient":
+        if self.settings.answers == SERVER:
+            root = api_root(self.settings.server_url)
+            return AnswerClient(root, server_api(root), self.settings.server_model, self.eos_token_ids)
+        if self.server is None or slot_tokens + SLOT_MARGIN > self.slot_tokens:
+            self._start_llama_server(slot_tokens + SLOT_MARGIN)
+        return AnswerClient(self.server.url, NATIVE_API, None, self.eos_token_ids)
+
+    def _start_llama_server(self, slot_tokens: int) -> None:
+        """(Re)starts llama-server with slots of slot_tokens: a later split with longer prompts gets a bigger one."""
+        self.close()
+        parallel = self.settings.server_parallel
+        spec = ServerSpec(target_gguf(self.target_spec), threads=os.cpu_count() or 2,
+                          ctx_size=parallel * slot_tokens, parallel=parallel)
+        self.server = LlamaServer(spec, self.log_path).start()
+        self.slot_tokens = slot_tokens
+        log.info("llama-server for the target's answers at %s (%d slots of %d tokens; log %s)", self.server.url,
+                 parallel, slot_tokens, self.log_path)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None
+
+
+def target_gguf(target_spec: ModelSpec) -> str:
+    """The target's GGUF file, which answers=llama_server serves; a ConfigError where the target is none."""
+    directory, gguf_file = locate(target_spec)
+    if gguf_file is None:
+        raise ConfigError(f"generate.answers=llama_server serves the target's GGUF, and the target {target_spec.path} "
+                          f"is not one: give the target as a .gguf file (pair.target.path=<file>.gguf), start a "
+                          f"server for it yourself (generate.answers=server generate.server_url=<its URL>), or use "
+                          f"generate.answers=in_process")
+    return str(Path(directory, gguf_file))
+
+
+def server_api(root: str) -> str:
+    """How to ask the server at root: llama-server's own routes where it answers /props, else the OpenAI ones.
+    An AnswerServerError at once when nothing answers there."""
+    try:
+        with urllib.request.urlopen(root + "/props", timeout=PROBE_TIMEOUT_S) as response:
+            props = json.loads(response.read())
+    except urllib.error.HTTPError:
+        return OPENAI_API  # a server, not llama-server
+    except ValueError:
+        return OPENAI_API  # /props answered, not with llama-server's JSON
+    except OSError as error:
+        raise AnswerServerError(f"no server answers at {root} ({getattr(error, 'reason', error)}): {START_HINT}") \
+            from None
+    return NATIVE_API if isinstance(props, dict) and "default_generation_settings" in props else OPENAI_API
+
+
+def post_json(url: str, body: dict) -> dict:
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=ANSWER_TIMEOUT_S) as response:
+            return json.loads(response.read())
+    except urllib.error.HTTPError as error:
+        detail = error.read().decode(errors="replace")[:500]
+        hint = ("; vLLM refuses more log-probabilities than --max-logprobs (20 by default): start it with "
+                "--max-logprobs <generate.top_k_logprobs>, or lower generate.top_k_logprobs") \
+            if "logprobs" in detail else ""
+        raise AnswerServerError(f"{url} answered HTTP {error.code}: {detail}{hint}") from None
+    except OSError as error:
+        raise AnswerServerError(f"{url} did not answer ({getattr(error, 'reason', error)}): {START_HINT}") from None
+    except ValueError:
+        raise AnswerServerError(f"{url} answered with something other than JSON") from None
+
+
+def missing_logprobs(url: str, field: str) -> AnswerServerError:
+    return AnswerServerError(
+        f"{url} returned answers without the log-probabilities the request asked for (request field {field}): "
+        f"generate records the target's most likely tokens at every answer token, so it needs a server that "
+        f"returns them (vLLM, SGLang, llama-server), or generate.answers=in_process")
+
+
+def most_likely(entries: list[tuple[int, float | None]], k: int) -> list[tuple[int, float]]:
+    """(token id, log p) pairs -> the k most likely, most likely first. llama-server writes log 0 as null."""
+    known = [(token, float("-inf") if log_prob is None else log_prob) for token, log_prob in entries]
+    return sorted(known, key=lambda entry: -entry[1])[:k]
+
+
+@dataclass
+class AnswerClient:
+    """Requests to one server, in its API: NATIVE_API (llama-server's /completion) or OPENAI_API (/v1/completions)."""
+
+    root: str
+    api: str
+    model: str | None
+    eos_token_ids: list[int]
+    asked_again: int = 0  # of the last answer_all's answers, those whose positions were asked for one by one
+
+    @property
+    def url(self) -> str:
+        return self.root + ("/completion" if self.api == NATIVE_API else "/v1/completions")
+
+    def answer_all(self, prompt_ids: list[list[int]], sampling: SamplingParams, max_new_tokens: int, seed: int,
+                   k: int, parallel: int, description: str, show_progress: bool) -> list[tuple[list[int], list]]:
+        """-> per prompt, in order, (answer token ids, per answer token its most likely (id, log p), or [])."""
+        served: list = [None] * len(prompt_ids)  # (tokens, top, whether asked again)
+        with ThreadPoolExecutor(max_workers=parallel) as pool, \
+                tqdm(total=len(prompt_ids), desc=description, unit="prompt", disable=not show_progress) as bar:
+            futures = {pool.submit(self.answer_one, prompt, sampling, max_new_tokens, seed + index, k): index
+                       for index, prompt in enumerate(prompt_ids)}
+            try:
+                for future in as_completed(futures):
+                    served[futures[future]] = future.result()
+                    bar.update(1)
+            except BaseException:
+                for future in futures:
+                    future.cancel()
+                raise
+        self.asked_again = sum(again for _, _, again in served)
+        return [(tokens, top) for tokens, top, _ in served]
+
+    def answer_one(self, prompt: list[int], sampling: SamplingParams, max_new_tokens: int, seed: int,
+                   k: int) -> tuple[list[int], list, bool]:
+        """-> (answer token ids, per token its most likely (id, log p), whether its positions were asked again)"""
+        if self.api == OPENAI_API:
+            reply = post_json(self.url, self.openai_request(prompt, max_new_tokens, sampling, seed, k))
+            return *self.openai_answer(reply, k), False
+        reply = post_json(self.url, self.native_request(prompt, max_new_tokens, sampling, seed, k))
+        tokens, top = self.native_answer(reply, k)
+        if top is not None:
+            return tokens, top, False
+        return tokens, [self.position_top(prompt + tokens[:position], k) for position in range(len(tokens))], True
+
+    def native_request(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, seed: int,
+                       k: int) -> dict:
+        return {"prompt": prompt, "n_predict": max_tokens, "temperature": sampling.temperature,
+                "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": 0.0,
+                "samplers": ["top_k", "temperature", "top_p"], "seed": seed, "n_probs": k,
+                "post_sampling_probs": False, "return_tokens": True, "stream": False}
+
+    def native_answer(self, reply: dict, k: int) -> tuple[list[int], list | None]:
+        """-> (token ids, per token its most likely (id, log p); None where entries are missing for some)."""
+        tokens = reply.get("tokens")
+        if tokens is None:
+            raise AnswerServerError(f"{self.url} returned no token ids (request field return_tokens)")
+        if not k:
+            return tokens, []
+        entries = reply.get("completion_probabilities") or []
+        if (tokens and not entries) or any(entry.get("top_logprobs") is None for entry in entries):
+            raise missing_logprobs(self.url, "n_probs (with post_sampling_probs=false)")
+        if len(entries) != len(tokens):
+            return tokens, None
+        return tokens, [most_likely([(t["id"], t["logprob"]) for t in entry["top_logprobs"]], k) for entry in entries]
+
+    def position_top(self, context: list[int], k: int) -> list[tuple[int, float]]:
+        """The most likely next tokens after context, from a one-token request that must sample EOS."""
+        body = {**self.native_request(context, 1, SamplingParams(temperature=0.0), 0, k),
+                "logit_bias": [[self.eos_token_ids[0], 1e9]]}
+        tokens, top = self.native_answer(post_json(self.url, body), k)
+        if top is None or len(top) != 1:
+            raise AnswerServerError(f"{self.url} gave no log-probabilities for a forced EOS after {len(context)} "
+                                    f"tokens (its tokens: {tokens})")
+        return top[0]
+
+    def openai_request(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, seed: int,
+                       k: int) -> dict:
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": sampling.temperature,
+                "top_p": sampling.top_p, "top_k": sampling.top_k, "seed": seed, "logprobs": k,
+                "return_tokens_as_token_ids": True, "return_token_ids": True, "stream": False}
+        return {**body, "model": self.model} if self.model else body
+
+    def openai_answer(self, reply: dict, k: int) -> tuple[list[int], list]:
+        try:
+            choice = reply["choices"][0]
+        except (KeyError, IndexError, TypeError):
+            raise AnswerServerError(f"{self.url} returned no completion: {str(reply)[:300]}") from None
+        logprobs = choice.get("logprobs") or {}
+        names = logprobs.get("tokens")
+        if names is None or (k and not logprobs.get("top_logprobs")):
+            raise missing_logprobs(self.url, f"logprobs={k}")
+        tokens = choice.get("token_ids") or [self.token_id(name) for name in names]
+        if not k:
+            return tokens, []
+        per_position = logprobs["top_logprobs"]
+        if len(per_position) != len(tokens) or any(entries is None for entries in per_position):
+            raise missing_logprobs(self.url, f"logprobs={k}")
+        return tokens, [most_likely([(self.token_id(name), log_prob) for name, log_prob in entries.items()], k)
+                        for entries in per_position]
+
+    def token_id(self, name: str) -> int:
+        """vLLM's "token_id:<id>" (return_tokens_as_token_ids) -> the id."""
+        if not name.startswith("token_id:"):
+            raise AnswerServerError(f"{self.url} names tokens by their text ({name!r}), not by their ids "
+                                    f"(return_tokens_as_token_ids was asked for): text cannot be mapped back to ids "
+                                    f"without ambiguity, so this server cannot answer for generate")
+        return int(name[len("token_id:"):])
