@@ -11,6 +11,7 @@ kernel.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import time
@@ -25,6 +26,7 @@ log = logging.getLogger(__name__)
 
 ROWS = range(1, 10)
 MARGIN = 0.10  # another kernel replaces F.linear only where it saves at least this share of the time
+PAD_MARGIN = 0.05  # a product runs padded to more rows only where that saves at least this share
 REPEATS = 5
 # A larger weight is timed on slices of its rows of this many elements (64 MiB in float32), which bounds the
 # probe of a 7B model to seconds. Not less: a 135M model's output head cut to 8 MiB slices showed F.linear on
@@ -56,11 +58,12 @@ def mv_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None =
     return _shaped(torch.mv(weight, x.reshape(-1))[None], x, bias)
 
 
-def padded(kernel: Kernel) -> Kernel:
-    """A single row run through `kernel` as a 2-row product (a zero row added), its first row kept: some BLAS
-    builds run a 1-row product on a kernel slower than the 2-row one."""
+def padded(kernel: Kernel, rows: int = 2) -> Kernel:
+    """x run through `kernel` as a product of `rows` rows (zero rows added), its own rows kept: some BLAS builds
+    run a product of fewer rows on a kernel slower than the one they use for more."""
     def padded_kernel(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        out = kernel(F.pad(_as_rows(x), (0, 0, 0, 1)), weight, None)[:1]
+        x_rows = _as_rows(x)
+        out = kernel(F.pad(x_rows, (0, 0, 0, rows - x_rows.shape[0])), weight, None)[: x_rows.shape[0]]
         return _shaped(out, x, bias)
 
     return padded_kernel
@@ -69,6 +72,22 @@ def padded(kernel: Kernel) -> Kernel:
 KERNELS: dict[str, Kernel] = {"linear": F.linear, "transposed": transposed_linear, "mv": mv_linear,
                               "padded": padded(F.linear), "padded_transposed": padded(transposed_linear)}
 SINGLE_ROW_KERNELS = ("mv", "padded", "padded_transposed")
+
+
+def padded_name(kernel_name: str, rows: int) -> str:
+    """The name of `kernel_name` run as a product of `rows` rows: "transposed@4"."""
+    return f"{kernel_name}@{rows}"
+
+
+def kernel_for(name: str) -> Kernel:
+    """A kernel by its name, a padded one ("transposed@4") included."""
+    return _padded_kernel(name) if "@" in name else KERNELS[name]
+
+
+@functools.lru_cache(maxsize=None)
+def _padded_kernel(name: str) -> Kernel:
+    inner, rows = name.split("@")
+    return padded(KERNELS[inner], int(rows))
 
 
 def candidates(rows: int) -> tuple[str, ...]:
@@ -103,13 +122,21 @@ class RouteDecision:
         return by_shape.get(shape) or by_shape.get(None, "linear")
 
     def kernel(self, rows: int, shape: Sequence[int] | None = None) -> Kernel:
-        return KERNELS[self.kernel_name(rows, shape)]
+        return kernel_for(self.kernel_name(rows, shape))
 
     def pass_seconds(self, rows: int) -> dict[str, float]:
         """-> seconds of one pass of the weights, for F.linear and for the kernels chosen ("chosen")."""
         times = self.seconds[rows]
         return {"linear": sum(t["linear"] for t in times.values()),
-                "chosen": sum(t[self.kernel_name(rows, shape)] for shape, t in times.items())}
+                "chosen": sum(self.chosen_seconds(rows, shape) for shape in times)}
+
+    def chosen_seconds(self, rows: int, shape: Shape) -> float:
+        """The measured time of the kernel chosen for this row count and shape (a padded one: at its rows)."""
+        name = self.kernel_name(rows, shape)
+        if "@" in name:
+            inner, padded_rows = name.split("@")
+            return self.seconds[int(padded_rows)][shape][inner]
+        return self.seconds[rows][shape][name]
 
     def summary(self) -> dict:
         """Plain JSON: the kernel per row count and weight shape, and each candidate's measured ms."""
@@ -221,21 +248,26 @@ def decide(weights: Sequence[torch.Tensor], measure: Measure = measure_kernels) 
         seconds = {rows: measure(probes, rows) for rows in ROWS}
     kernels = {rows: {shape: fastest_kernel(times) for shape, times in by_shape.items()}
                for rows, by_shape in seconds.items()}
-    no_slower_than_two_rows(kernels, seconds)
+    no_slower_than_more_rows(kernels, seconds)
     return RouteDecision(kernels, seconds)
 
 
-PADDED = {"linear": "padded", "transposed": "padded_transposed"}
-
-
-def no_slower_than_two_rows(kernels: dict, seconds: Mapping) -> None:
-    """A 1-row product can always run as the 2-row one with a zero row: where the 1-row kernel chosen measured
-    slower than the 2-row kernel of that shape, it takes that kernel padded. Otherwise probe noise could leave an
-    AR step dearer than a verify of one drafted token (v(1) < 1), and every speedup measured against it inflated."""
-    for shape, times in seconds[1].items():
-        two_rows = kernels[2][shape]
-        if times[kernels[1][shape]] > seconds[2][shape][two_rows]:
-            kernels[1][shape] = PADDED[two_rows]
+def no_slower_than_more_rows(kernels: dict, seconds: Mapping) -> None:
+    """A product of r rows can always run as one of more rows with zero rows added: where the kernel chosen for r
+    rows measured slower (by PAD_MARGIN) than what some larger row count takes for that shape, r rows run padded
+    to it. Else a
+    BLAS that is slow at 1 row (or at 3) leaves an AR step dearer than a verify of more tokens (v < 1), and every
+    speedup measured against that AR step inflated."""
+    largest = max(seconds)
+    for shape in seconds[largest]:
+        best_name, best_time = kernels[largest][shape], seconds[largest][shape][kernels[largest][shape]]
+        best_name = padded_name(best_name, largest)
+        for rows in range(largest - 1, 0, -1):
+            own = seconds[rows][shape][kernels[rows][shape]]
+            if own * (1 - PAD_MARGIN) > best_time:
+                kernels[rows][shape] = best_name
+            else:
+                best_name, best_time = padded_name(kernels[rows][shape], rows), own
 
 
 _decided: dict[tuple, RouteDecision] = {}

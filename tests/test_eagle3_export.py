@@ -117,14 +117,16 @@ def test_the_engines_are_told_eagle3_and_pointed_at_their_own_directories(tmp_pa
 
 @pytest.fixture(scope="module")
 def trained_run(tmp_path_factory):
-    """A tiny run that trained an EAGLE-3 head: its directory, for exports with other settings."""
+    """A tiny run that trained and evaluated an EAGLE-3 head: its directory, for exports with other settings."""
     root = tmp_path_factory.mktemp("eagle3-run")
-    export_run(root, ["generate", "train"], EAGLE3_RUN)
+    export_run(root, ["generate", "train", "eval"], EAGLE3_RUN)
     return root
 
 
 def test_the_export_writes_every_engines_format_and_checks_each(trained_run, target):
     _, summary = export_run(trained_run, ["export"], [*EAGLE3_RUN, "export.gguf_type=f16"])
+    assert summary["draft_kind"] == "eagle3" and summary["eval"]["after"]["drafted"] > 0
+    assert summary["export"]["evaluated"]  # exported at the gamma its own eval recommended
     export = Path(summary["export"]["export_path"])
     record = json.loads((export / "export.json").read_text())
     assert record["draft_kind"] == "eagle3" and record["eagle3"]["capture_layers"] == CAPTURE_LAYERS

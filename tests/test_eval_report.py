@@ -250,3 +250,23 @@ def test_a_domains_system_prompt_reaches_the_report(monkeypatch):
     evaluate(TINY, DECODE, ReportConfig(domains=["chat"], max_prompts=1, max_new_tokens=2, compare_ar=False,
                                         bootstrap_samples=0, step_costs=False), seed=0)
     assert "Answer in French." in encoded[0]
+
+
+def test_the_report_compares_an_independent_draft_and_an_eagle3_head_side_by_side(tmp_path):
+    """eval.drafts=[<a draft of its own>, <an EAGLE-3 head>]: both decoded on the same prompts, each with its
+    figures and step costs."""
+    from decode.eagle3.head import new_head, save_head_files
+
+    pair = load_pair(TINY.target, TINY.draft)
+    save_head_files(new_head(pair.target, list(range(pair.vocab_size)), capture_layers=[0, 1, 3]), tmp_path / "head")
+    settings = ReportConfig(drafts=[None, str(tmp_path / "head")], domains=["code"], max_prompts=2,
+                            max_new_tokens=6, compare_ar=False, bootstrap_samples=50)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(ONE_THREAD)
+    try:
+        report = evaluate(TINY, DECODE, settings, seed=0)
+    finally:
+        torch.set_num_threads(threads)
+    derived, head = (report["drafts"][label]["domains"]["code"] for label in ("derive_layers=1", str(tmp_path / "head")))
+    assert derived["prompts"] == head["prompts"] == 2
+    assert head["drafted"] > 0 and head["c"] is not None and derived["c"] is not None

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from decode.eagle3.head import new_head, save_head_files
 from decode.config import PairConfig
 from decode.errors import ConfigError
 from decode.files import point_symlink
@@ -182,11 +183,15 @@ def save_export(model, tokenizer, directory: Path) -> Path:
 
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
-    """champion: the derived 1-layer draft; better: the target itself as draft (accepts every token)."""
+    """champion: the derived 1-layer draft; better: the target itself as draft (accepts every token); eagle3: an
+    EAGLE-3 head's export (untrained, over the tiny target's layers 0, 1 and 3)."""
     root = tmp_path_factory.mktemp("exports")
     pair = load_pair(TINY.target, TINY.draft)
+    head = new_head(pair.target, list(range(pair.vocab_size)), capture_layers=[0, 1, 3])
+    save_head_files(head, root / "eagle3" / "draft")
+    pair.tokenizer.save_pretrained(root / "eagle3" / "draft")
     return {"champion": save_export(pair.draft, pair.tokenizer, root / "champion"),
-            "better": save_export(pair.target, pair.tokenizer, root / "better")}
+            "better": save_export(pair.target, pair.tokenizer, root / "better"), "eagle3": root / "eagle3"}
 
 
 def write_shifting_traffic(path: Path) -> None:
@@ -214,12 +219,14 @@ def monitor_config(tmp_path: Path, challenger: Path, current: Path, reload_marke
                                   reload_command=record_reload))
 
 
-@pytest.mark.parametrize("challenger_name, promoted", [("better", True), ("champion", False)])
-def test_a_drift_retrains_gates_and_promotes_only_a_better_challenger(tmp_path, exports, challenger_name,
-                                                                      promoted):
+@pytest.mark.parametrize("champion_name, challenger_name, promoted", [
+    ("champion", "better", True), ("champion", "champion", False),
+    ("eagle3", "better", True), ("eagle3", "eagle3", False)])  # the monitor takes an EAGLE-3 export as any draft
+def test_a_drift_retrains_gates_and_promotes_only_a_better_challenger(tmp_path, exports, champion_name,
+                                                                      challenger_name, promoted):
     write_shifting_traffic(tmp_path / "requests.jsonl")
     current, marker = tmp_path / "current", tmp_path / "reloads.txt"
-    point_symlink(current, exports["champion"])
+    point_symlink(current, exports[champion_name])
     config = monitor_config(tmp_path, exports[challenger_name], current, marker)
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models decode faster without thread hand-offs
@@ -234,7 +241,7 @@ def test_a_drift_retrains_gates_and_promotes_only_a_better_challenger(tmp_path, 
     assert gate.promote is promoted
     assert set(gate.alpha) == {"code", "translation"} and all(gate.prompts[d] >= 2 for d in gate.prompts)
     run_dir = Path(alerted.retrains["translation"].run_dir)
-    expected = run_dir / "export" if promoted else exports["champion"]
+    expected = run_dir / "export" if promoted else exports[champion_name]
     assert current.resolve() == expected.resolve()
     assert (marker.read_text().split() if marker.exists() else []) == ([str(expected.resolve())] if promoted else [])
     if promoted:

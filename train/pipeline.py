@@ -125,7 +125,8 @@ class Pipeline:
                 if result is not None and ctx.is_main_process:
                     save_result(ctx.run_dir, result)
                 stage_seconds[name] = round(time.perf_counter() - began, 1)
-        identity = {"domain": config.domain.name, "method": config.method.name, "run_dir": str(ctx.run_dir)}
+        identity = {"domain": config.domain.name, "method": config.method.name, "draft_kind": ctx.pair.draft_kind,
+                    "run_dir": str(ctx.run_dir)}
         summary = roll_up(ctx.run_dir, identity, stage_seconds)
         if ctx.is_main_process:
             write_json(summary_path, summary)
@@ -159,7 +160,8 @@ class Pipeline:
 
 def format_summary(summary: dict, run_dir: Path) -> str:
     """One screen: what the run produced and how good it is."""
-    lines = [f"== {summary['domain']} / {summary['method']} =="]
+    kind = " / EAGLE-3 head" if summary.get("draft_kind") == "eagle3" else ""
+    lines = [f"== {summary['domain']} / {summary['method']}{kind} =="]
     evaluated = summary.get("eval")
     if evaluated:
         before, after = evaluated["before"], evaluated["after"]
@@ -186,9 +188,11 @@ def format_summary(summary: dict, run_dir: Path) -> str:
             lines.append(f"NOT RECOMMENDED: {evaluated['verdict']}")
     trained = summary.get("train")
     if trained and trained.get("validation_acceptance_end") is not None:
+        steps = trained.get("validation_acceptance_steps")
         lines.append(f"expected acceptance sum(min(p, q)) on validation answers during training: "
                      f"{_number(trained.get('validation_acceptance_start'))} -> "
-                     f"{_number(trained['validation_acceptance_end'])}")
+                     f"{_number(trained['validation_acceptance_end'])}"
+                     + (f" (draft steps 1-{len(steps)}: {', '.join(map(_number, steps))})" if steps else ""))
     stages = summary.get("stage_seconds", {})
     lines.append("time per stage: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in stages.items()))
     if trained:

@@ -281,6 +281,7 @@ def save_head_files(head: Eagle3Head, directory: Path, gamma: int = 3, verifier:
     config = speculators_config(head.config, gamma, verifier)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(head_state_dict(head), str(directory / CHECKPOINT_FILE))
+    (directory / CHECKPOINT_FILE).chmod(0o644)  # readable by a server running as another user, as HF's files are
 
 
 def is_eagle3_directory(path) -> bool:

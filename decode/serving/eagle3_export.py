@@ -102,6 +102,7 @@ def write_sglang_head(head: Eagle3Head, directory: Path, target_layers: int) -> 
     config = sglang_config(head.config, target_layers, next(head.parameters()).dtype)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(sglang_tensors(head), str(directory / CHECKPOINT_FILE))
+    (directory / CHECKPOINT_FILE).chmod(0o644)
     return directory
 
 

@@ -37,7 +37,9 @@ from decode.config import PairConfig
 from decode.errors import ConfigError, SpecdraftError
 from decode.files import write_json, write_text
 from decode.models import ModelSpec, derive_draft, load_model, locate
-from decode.pair import ModelPair, load_pair
+from decode.eagle3.head import Eagle3Head
+from decode.pair import ModelPair, load_draft, load_pair
+from decode.serving.eagle3_gguf import write_eagle3_gguf
 from decode.sampling import SamplingParams
 from decode.serving.engine_costs import measure_engine_costs
 from decode.serving.formats import serving_copy
@@ -120,10 +122,14 @@ def served_drafts(pair: ModelPair, settings: ServingBenchConfig, tokenizer_gguf:
         untrained = derive_draft(pair.target, derive_layers)
         drafts.append(ServedDraft(UNTRAINED, written(untrained, "untrained"), untrained))
     for number, path in enumerate(settings.drafts):
-        model = load_model(ModelSpec(path=path, dtype="float32", device="cpu"))
+        model = load_draft(pair.target, pair.tokenizer, ModelSpec(path=path, dtype="float32", device="cpu"))[0]
         exported = Path(path, "draft.gguf")
         if path.endswith(".gguf") or exported.is_file():
             drafts.append(ServedDraft(path, path if path.endswith(".gguf") else str(exported), model))
+        elif isinstance(model, Eagle3Head):
+            drafts.append(ServedDraft(path, str(write_eagle3_gguf(
+                model, pair.tokenizer, directory / f"draft{number}.gguf", tokenizer_source_gguf=tokenizer_gguf,
+                outtype=settings.gguf_type)), model))
         elif getattr(model.config, "draft_vocab", None):
             drafts.append(ServedDraft(f"{path} (trained-rows)", written(model, f"draft{number}-trained-rows"), model))
             zero_rows = serving_copy(load_model(ModelSpec(path=path, dtype="float32", device="cpu")))
@@ -184,9 +190,10 @@ def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchCo
     gguf_dir = output_dir / "gguf"
     target = target_gguf(pair, pair_config.target, gguf_dir, settings.gguf_type)
     drafts = served_drafts(pair, settings, target, gguf_dir, pair_config.draft.derive_layers or 1)
+    # llama-bench cannot run an EAGLE-3 head without its target: no engine step costs (nor predictions) for heads
     costs = {draft.label: measure_engine_costs(binary, target, draft.gguf, settings.threads,
                                                max_gamma=settings.gamma)
-             for draft in drafts if draft.gguf}
+             for draft in drafts if draft.gguf and not isinstance(draft.model, Eagle3Head)}
     results: dict[str, dict[str, dict]] = {}
     reference_tokens: dict[str, list[list[int]]] = {}
     decoder_alphas: dict[tuple[int, str], float] = {}  # one decode per model and domain (two GGUFs may share one)
@@ -200,11 +207,12 @@ def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchCo
                     reference_tokens[domain] = tokens
                 else:
                     figures["same_tokens_as_target_alone"] = tokens == reference_tokens[domain]
-                    cost, counts = costs[draft.label], (figures["drafted"], figures["accepted"], figures["rounds"])
-                    figures["predicted_speedup"] = cost.predicted_speedup(*counts, settings.gamma)
-                    target_alone = results[NO_DRAFT][domain]
-                    figures["predicted_speedup_in_server"] = cost.predicted_speedup_in_server(
-                        *counts, settings.gamma, target_alone["seconds"] / target_alone["tokens"])
+                    cost, counts = costs.get(draft.label), (figures["drafted"], figures["accepted"], figures["rounds"])
+                    if cost is not None:
+                        figures["predicted_speedup"] = cost.predicted_speedup(*counts, settings.gamma)
+                        target_alone = results[NO_DRAFT][domain]
+                        figures["predicted_speedup_in_server"] = cost.predicted_speedup_in_server(
+                            *counts, settings.gamma, target_alone["seconds"] / target_alone["tokens"])
                     if settings.decoder_check:
                         key = (id(draft.model), domain)
                         if key not in decoder_alphas:
