@@ -33,8 +33,8 @@ from gguf.quants import QuantError, dequantize, quantize
 
 from decode.eagle3.head import Eagle3Config, Eagle3Head
 from decode.errors import ExportError, ExportMismatch
-from decode.serving.gguf import OUTTYPES, _interleave_rotary_halves, _Writer, add_tokenizer, rounded_as_written, \
-    write_atomically
+from decode.serving.gguf import (OUTTYPES, _interleave_rotary_halves, _Writer, add_decoder_metadata, add_tokenizer,
+                                 rounded_as_written, write_atomically)
 
 ARCH = "eagle3"
 LLAMA_CPP_BUILD = "b11434"
@@ -106,19 +106,9 @@ def _absolute_draft_ids(head: Eagle3Head) -> np.ndarray:
 
 
 def _add_head_metadata(writer: _Writer, config: Eagle3Config, name: str, file_type) -> None:
-    writer.add_name(name)
-    writer.add_block_count(1)
-    writer.add_context_length(config.max_position_embeddings)
-    writer.add_embedding_length(config.hidden_size)
-    writer.add_feed_forward_length(config.intermediate_size)
-    writer.add_head_count(config.num_attention_heads)
-    writer.add_head_count_kv(config.num_key_value_heads)
+    add_decoder_metadata(writer, name, 1, config, config.head_dim, config.rope_parameters.get("rope_theta", 10000.0))
     writer.add_key_length(config.head_dim)
     writer.add_value_length(config.head_dim)
-    writer.add_rope_dimension_count(config.head_dim)
-    writer.add_rope_freq_base(float(config.rope_parameters.get("rope_theta", 10000.0)))
-    writer.add_layer_norm_rms_eps(config.rms_norm_eps)
-    writer.add_vocab_size(config.vocab_size)
     # llama.cpp reads target_layers as an int32/uint32 array only
     writer.add_key_value(f"{ARCH}.target_layers", [int(layer) for layer in config.capture_layers],
                          GGUFValueType.ARRAY, GGUFValueType.INT32)

@@ -136,19 +136,24 @@ def _add_model_metadata(writer: GGUFWriter, config, name: str, file_type: LlamaF
         log.warning("sliding window %d is not written (llama.cpp's %s has none, and its converter drops it too): "
                     "outputs match transformers up to %d tokens", window, writer.arch, window)
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    add_decoder_metadata(writer, name, config.num_hidden_layers, config, head_dim, rope.get("rope_theta", 10000.0))
+    writer.add_file_type(file_type)
+    writer.add_quantization_version(GGML_QUANT_VERSION)
+
+
+def add_decoder_metadata(writer: GGUFWriter, name: str, blocks: int, config, head_dim: int, rope_theta: float) -> None:
+    """The sizes every llama-style GGUF states; `config` has the usual Llama size fields."""
     writer.add_name(name)
+    writer.add_block_count(blocks)
     writer.add_context_length(config.max_position_embeddings)
     writer.add_embedding_length(config.hidden_size)
-    writer.add_block_count(config.num_hidden_layers)
     writer.add_feed_forward_length(config.intermediate_size)
     writer.add_head_count(config.num_attention_heads)
     writer.add_head_count_kv(config.num_key_value_heads)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(rope.get("rope_theta", 10000.0))
+    writer.add_rope_freq_base(float(rope_theta))
     writer.add_layer_norm_rms_eps(config.rms_norm_eps)
     writer.add_vocab_size(config.vocab_size)
-    writer.add_file_type(file_type)
-    writer.add_quantization_version(GGML_QUANT_VERSION)
 
 
 def _copy_tokenizer_metadata(writer: GGUFWriter, source: Path) -> int:
