@@ -1,7 +1,7 @@
 """Typed settings of the data side: where a domain's prompts come from, how the target answers them."""
 
 from dataclasses import dataclass, field
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 from decode.errors import ConfigError
 from decode.sampling import SamplingParams
@@ -12,7 +12,7 @@ class DomainConfig:
     """One domain's prompts. The shipped domains only set `name`; a user's data sets source and path."""
 
     name: str = "code"
-    source: str = "shipped"  # shipped | jsonl | parquet | hf | conversations | magpie
+    source: str = "shipped"  # shipped | jsonl | parquet | hf | conversations | magpie | mix
     path: Optional[str] = None  # the file (jsonl, parquet, conversations) or dataset id (hf, conversations)
     fields: Dict[str, str] = field(default_factory=lambda: {"prompt": "prompt", "split": "split", "id": "id"})
     hf_split: str = "train"
@@ -21,11 +21,16 @@ class DomainConfig:
     # a JSONL file of more training prompts ({"prompt": ...} a line), answered first: recent traffic to retrain on
     extra_prompts: Optional[str] = None
     # source magpie: the target writes this many user requests after its template's user header (and the system
-    # prompt, which steers the domain), each at most magpie_max_prompt_tokens long, sampled as set here
-    magpie_prompts: int = 640
+    # prompt, which steers the domain), each at most magpie_max_prompt_tokens long, sampled as set here. Source
+    # mix: as many more training prompts (0: none; null: one component's share of generate.max_train_prompts)
+    magpie_prompts: Optional[int] = 640
     magpie_max_prompt_tokens: int = 256
     magpie_temperature: float = 1.0
     magpie_top_p: float = 1.0
+    # source mix: the domains (by name, as +domain=<name>) whose prompts are mixed, each keeping its own train,
+    # validation and held-out split, taken in turn so that any max_train_prompts holds as many of each; plus
+    # magpie_prompts the target writes, which only ever train (distill/data.py mixed_prompts)
+    mix: List[str] = field(default_factory=list)
 
 
 @dataclass
@@ -60,3 +65,20 @@ class GenerateConfig:
             return SamplingParams(temperature=chosen("temperature"), top_k=chosen("top_k"), top_p=chosen("top_p"))
         except ValueError as error:
             raise ConfigError(f"generate: {error}") from None
+
+
+def check_magpie_settings(domain_cfg: DomainConfig) -> SamplingParams:
+    """The sampling of the target-written prompts, with every magpie setting checked (before a model loads)."""
+    if domain_cfg.magpie_prompts is None:
+        raise ConfigError("domain.magpie_prompts: null (one component's share of generate.max_train_prompts) is for "
+                          "source mix; set the number of prompts the target writes")
+    if domain_cfg.magpie_prompts < 1 or domain_cfg.magpie_max_prompt_tokens < 1:
+        raise ConfigError(f"domain.magpie_prompts and domain.magpie_max_prompt_tokens must be >= 1, got "
+                          f"{domain_cfg.magpie_prompts} and {domain_cfg.magpie_max_prompt_tokens}")
+    if domain_cfg.magpie_temperature <= 0:
+        raise ConfigError(f"domain.magpie_temperature must be > 0 (greedy would write one prompt), got "
+                          f"{domain_cfg.magpie_temperature}")
+    try:
+        return SamplingParams(temperature=domain_cfg.magpie_temperature, top_p=domain_cfg.magpie_top_p)
+    except ValueError as error:
+        raise ConfigError(f"domain.magpie_*: {error}") from None

@@ -1,4 +1,5 @@
-"""Domain prompts: the shipped JSONL sets, a user's JSONL/Parquet file, or a Hugging Face dataset.
+"""Domain prompts: the shipped JSONL sets, a user's JSONL/Parquet file, a Hugging Face dataset, or a mix of
+other domains (source mix: the general domain).
 
 Prompt files are checked line by line before any model work, so a malformed
 line fails at start with its file, line number and reason.
@@ -7,17 +8,21 @@ line fails at start with its file, line number and reason.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import logging
+import re
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 import datasets
 import torch
 
-from decode.errors import PromptError
-from distill.config import DomainConfig
+from decode.errors import ConfigError, PromptError
+from distill.config import DomainConfig, check_magpie_settings
 from distill.conversations import Message, read_conversations, user_turns
+from distill.domains import domain_config
 from distill.jsonl import json_objects
 
 log = logging.getLogger(__name__)
@@ -25,6 +30,9 @@ log = logging.getLogger(__name__)
 SHIPPED_DIR = Path(__file__).parent / "prompts"
 # validation tunes knobs and drives the training-time metric; heldout is only ever evaluated
 SPLITS = ("train", "validation", "heldout")
+SOURCES = ("shipped", "jsonl", "parquet", "hf", "conversations", "magpie", "mix")
+MAGPIE_COMPONENT = "magpie"  # in a mix: the component of the prompts the target writes (train only)
+EXTRA_ID_PREFIX = "extra-"  # the ids of domain.extra_prompts
 
 
 @dataclass(frozen=True)
@@ -167,12 +175,31 @@ def load_domain_prompts(domain_cfg: DomainConfig) -> DomainPrompts:
 
     source: shipped (the JSONL sets in distill/prompts, split by template), jsonl or parquet (a local
     file), hf (a Hugging Face dataset id, loaded with `datasets`), conversations (chat conversations, a local
-    JSONL file or a dataset id: distill/conversations.py). `fields` maps prompt/split/id to the source's column
-    names. Without a heldout split, heldout_fraction of the prompts (of a conversation source: of the
-    conversations, each whole in one split) is held out; without a validation split, the same fraction of the
-    training prompts becomes validation (both chosen by a hash of the id, so stable across runs). Prompts of
-    source magpie are written by the target: distill/magpie.py reads them once the target is loaded.
+    JSONL file or a dataset id: distill/conversations.py), mix (other domains' prompts, each split as its own
+    source splits them: mixed_prompts). `fields` maps prompt/split/id to the source's column names. Without a
+    heldout split, heldout_fraction of the prompts (of a conversation source: of the conversations, each whole in
+    one split) is held out; without a validation split, the same fraction of the training prompts becomes
+    validation (both chosen by a hash of the id, so stable across runs). Prompts of source magpie (and a mix's
+    domain.magpie_prompts) are written by the target: distill/magpie.py reads them once the target is loaded.
     """
+    if domain_cfg.source == "mix":  # each component split as its own source splits it
+        split = mixed_prompts(domain_cfg)
+    else:
+        split = _source_prompts(domain_cfg)
+    if domain_cfg.extra_prompts:
+        extra_file = _existing_file(domain_cfg.extra_prompts)
+        if extra_file.stat().st_size:
+            split = with_extra_training_prompts(split, read_jsonl_prompts(extra_file))
+        else:  # the monitor's traffic file when no request logged a prompt
+            log.warning("%s is empty: no extra training prompts", extra_file)
+    if not split.train or not split.validation or not split.heldout:
+        raise PromptError(f"domain {domain_cfg.name}: need train, validation and heldout prompts, got "
+                          f"{len(split.train)}, {len(split.validation)} and {len(split.heldout)}")
+    return split
+
+
+def _source_prompts(domain_cfg: DomainConfig) -> DomainPrompts:
+    """The prompts of a source other than mix, split."""
     source = domain_cfg.source
     fields = domain_cfg.fields or {}
     prompt_field, split_field, id_field = (fields.get("prompt", "prompt"), fields.get("split", "split"),
@@ -189,23 +216,12 @@ def load_domain_prompts(domain_cfg: DomainConfig) -> DomainPrompts:
         raise PromptError(f"domain {domain_cfg.name}: source magpie prompts are written by the target, so they are "
                           f"read once it is loaded (distill.magpie.magpie_domain_prompts)")
     else:
-        raise PromptError(f"domain {domain_cfg.name}: source must be shipped, jsonl, parquet, hf, conversations or "
-                          f"magpie, got {source!r}")
+        raise PromptError(f"domain {domain_cfg.name}: source must be one of {', '.join(SOURCES)}, got {source!r}")
     if not any(p.split == "heldout" for p in prompts):
         prompts = _hash_split(prompts, domain_cfg.heldout_fraction, "train", "heldout")
     if not any(p.split == "validation" for p in prompts):
         prompts = _hash_split(prompts, domain_cfg.heldout_fraction, "train", "validation", salt="validation")
-    split = DomainPrompts(*([p for p in prompts if p.split == name] for name in SPLITS))
-    if domain_cfg.extra_prompts:
-        extra_file = _existing_file(domain_cfg.extra_prompts)
-        if extra_file.stat().st_size:
-            split = with_extra_training_prompts(split, read_jsonl_prompts(extra_file))
-        else:  # the monitor's traffic file when no request logged a prompt
-            log.warning("%s is empty: no extra training prompts", extra_file)
-    if not split.train or not split.validation or not split.heldout:
-        raise PromptError(f"domain {domain_cfg.name}: need train, validation and heldout prompts, got "
-                          f"{len(split.train)}, {len(split.validation)} and {len(split.heldout)}")
-    return split
+    return DomainPrompts(*([p for p in prompts if p.split == name] for name in SPLITS))
 
 
 def with_extra_training_prompts(split: DomainPrompts, extra: list[Prompt]) -> DomainPrompts:
@@ -216,7 +232,7 @@ def with_extra_training_prompts(split: DomainPrompts, extra: list[Prompt]) -> Do
     for prompt in extra:
         text = prompt.text.strip()
         if text not in known:
-            kept.append(Prompt(f"extra-{prompt.id}", prompt.text, "train"))
+            kept.append(Prompt(f"{EXTRA_ID_PREFIX}{prompt.id}", prompt.text, "train"))
             known.add(text)
     unseen = [[prompt for prompt in prompts if prompt.text.strip() not in known]
               for prompts in (split.validation, split.heldout)]
@@ -224,6 +240,122 @@ def with_extra_training_prompts(split: DomainPrompts, extra: list[Prompt]) -> Do
     if moved:
         log.info("%d extra training prompts were validation or held-out prompts: they leave those splits", moved)
     return DomainPrompts(kept + split.train, *unseen)
+
+
+# Mixes ------------------------------------------------------------------------------------------------------
+
+def normal_form(text: str) -> str:
+    """Lower-case words alone: prompts that differ only in case, spacing or punctuation are one prompt."""
+    return " ".join(re.findall(r"\w+", text.lower()))
+
+
+def interleave(groups: list[list[Prompt]]) -> list[Prompt]:
+    """The groups' prompts taken one from each in turn (a group that runs out drops out), each group in its own
+    order: any first n hold as many of each group as it can give, within one."""
+    return [prompt for row in itertools.zip_longest(*groups) for prompt in row if prompt is not None]
+
+
+def component_of(prompt: Prompt) -> str:
+    """The component of a mix that a mixed prompt comes from: its id's prefix (`code/code-0001` -> code)."""
+    return prompt.id.split("/", 1)[0]
+
+
+def mixed_prompts(domain_cfg: DomainConfig) -> DomainPrompts:
+    """A domain of source mix: the prompts of the domains named in domain.mix, each loaded as `+domain=<name>`
+    loads it and keeping its own splits (train from its train, validation from its validation, held-out from its
+    held-out: a shipped domain's held-out stays disjoint from its training prompts by template). Ids are prefixed
+    by the component (`code/code-0001`), so answers and splits never collide. Every split takes one prompt from
+    each component in turn, so that generate.max_train_prompts (and max_validation_prompts, eval.max_prompts) keep
+    as many of each and no domain is crowded out. The held-out split is the union of the components'; a training
+    or validation prompt that is also a held-out one (ignoring case, spacing and punctuation) leaves its split, so
+    that the held-out stays unseen. The target-written prompts (domain.magpie_prompts) join the training split
+    once the target is loaded: distill/magpie.py with_target_written_prompts."""
+    name, names = domain_cfg.name, list(domain_cfg.mix or [])
+    if not names:
+        raise PromptError(f"domain {name}: source mix needs domain.mix, the domains to mix, e.g. "
+                          f"domain.mix=[{','.join(shipped_domains())}]")
+    repeated = sorted(component for component, count in Counter(names).items() if count > 1)
+    if repeated:
+        raise PromptError(f"domain {name}: domain.mix names {repeated} more than once")
+    if name in names:
+        raise PromptError(f"domain {name}: domain.mix cannot include the mix itself ({name})")
+    if MAGPIE_COMPONENT in names:
+        raise PromptError(f"domain {name}: domain.mix names {MAGPIE_COMPONENT!r}; the target-written prompts of a "
+                          f"mix are set by domain.magpie_prompts")
+    if domain_cfg.magpie_prompts is not None and domain_cfg.magpie_prompts < 0:
+        raise ConfigError(f"domain.magpie_prompts must be >= 0 for source mix (0: none; null: one component's share "
+                          f"of generate.max_train_prompts), got {domain_cfg.magpie_prompts}")
+    if domain_cfg.magpie_prompts != 0:
+        check_magpie_settings(replace(domain_cfg, magpie_prompts=domain_cfg.magpie_prompts or 1))
+    components = []
+    for component in names:
+        settings = _component_settings(domain_cfg, component)
+        split = load_domain_prompts(settings)
+        components.append([[replace(prompt, id=f"{component}/{prompt.id}") for prompt in prompts]
+                           for prompts in (split.train, split.validation, split.heldout)])
+    heldout = interleave([splits[2] for splits in components])
+    held_out = {normal_form(prompt.text) for prompt in heldout}
+    validation = [p for p in interleave([splits[1] for splits in components]) if normal_form(p.text) not in held_out]
+    unseen = held_out | {normal_form(prompt.text) for prompt in validation}
+    train = [p for p in interleave([splits[0] for splits in components]) if normal_form(p.text) not in unseen]
+    left = sum(len(splits[0]) + len(splits[1]) for splits in components) - len(train) - len(validation)
+    if left:
+        log.info("domain %s: %d training or validation prompts of one component are held-out (or validation) "
+                 "prompts of another: they leave that split", name, left)
+    return DomainPrompts(train, validation, heldout)
+
+
+def _component_settings(mix: DomainConfig, component: str) -> DomainConfig:
+    settings = domain_config(component)
+    if settings.source == "shipped" and component not in shipped_domains():
+        raise PromptError(f"domain {mix.name}: domain.mix names {component!r}, which is no domain: there is no "
+                          f"conf/domain/{component}.yaml and no shipped prompts of that name; shipped: "
+                          f"{shipped_domains()}")
+    if settings.source == "mix":
+        raise PromptError(f"domain {mix.name}: domain.mix names {component!r}, itself a mix (source mix): name its "
+                          f"domains instead ({list(settings.mix)})")
+    if settings.source == "magpie":
+        raise PromptError(f"domain {mix.name}: domain.mix names {component!r}, of source magpie: a mix's "
+                          f"target-written prompts are set by its own domain.magpie_prompts (and train only)")
+    if settings.system_prompt != mix.system_prompt:
+        raise PromptError(f"domain {mix.name}: domain.mix names {component!r}, whose system prompt "
+                          f"({settings.system_prompt!r}) is not the mix's ({mix.system_prompt!r}): every prompt of a "
+                          f"mix is answered and measured under the mix's domain.system_prompt")
+    return settings
+
+
+def with_train_component(prompts: DomainPrompts, component: str, added: list[Prompt]) -> DomainPrompts:
+    """A mix's prompts with one more component that only ever trains (the target-written prompts), its ids
+    prefixed by the component and taken in turn with the other components' training prompts (after the extra
+    prompts, which stay first). One that repeats a prompt of any split (ignoring case, spacing and punctuation)
+    is dropped, so that no held-out or validation prompt is trained on."""
+    known = {normal_form(prompt.text) for split in (prompts.train, prompts.validation, prompts.heldout)
+             for prompt in split}
+    kept = []
+    for prompt in added:
+        key = normal_form(prompt.text)
+        if key and key not in known:
+            kept.append(Prompt(f"{component}/{prompt.id}", prompt.text, "train", prompt.messages))
+            known.add(key)
+    if len(kept) < len(added):
+        log.info("%d of the %d %s prompts repeat a prompt of the mix and are left out", len(added) - len(kept),
+                 len(added), component)
+    extra = list(itertools.takewhile(lambda prompt: prompt.id.startswith(EXTRA_ID_PREFIX), prompts.train))
+    groups: dict[str, list[Prompt]] = {}
+    for prompt in prompts.train[len(extra):]:
+        groups.setdefault(component_of(prompt), []).append(prompt)
+    groups.setdefault(component, []).extend(kept)
+    return DomainPrompts(extra + interleave(list(groups.values())), prompts.validation, prompts.heldout)
+
+
+def component_share(domain_cfg: DomainConfig, max_train_prompts: int) -> int:
+    """One component's share of max_train_prompts in a mix of domain.mix and the target-written prompts."""
+    return -(-max_train_prompts // (len(domain_cfg.mix) + 1))
+
+
+def components_count(prompts: list[Prompt]) -> dict[str, int]:
+    """A mixed split's prompts per component, in order of first appearance."""
+    return dict(Counter(component_of(prompt) for prompt in prompts))
 
 
 def _existing_file(path) -> Path:

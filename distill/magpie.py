@@ -6,7 +6,9 @@ message, cut at the sentinel), after the domain's system prompt where it has one
 target samples until it ends the user turn; requests that reach the length bound, that are empty, or that repeat
 an earlier one after normalisation are dropped; a seed always writes the same prompts. They are written once per
 target, system prompt, seed and settings into a JSONL prompt file under the cache (published whole, so a killed
-run writes them again and a finished one is reused), then split and read like a jsonl source.
+run writes them again and a finished one is reused), then split and read like a jsonl source. A domain of source
+mix (the general domain) takes domain.magpie_prompts of them as one more component that only ever trains
+(with_target_written_prompts).
 
 Also how diverse a prompt set is (distinct n-grams, nearest-neighbour similarity), to compare target-written
 prompts with template-made ones: scripts/prompt_diversity.py.
@@ -26,13 +28,14 @@ from pathlib import Path
 
 import numpy as np
 
-from decode.errors import ConfigError, PairError, PromptError
+from decode.errors import PairError, PromptError
 from decode.files import published
 from decode.models import cache_root
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
-from distill.config import DomainConfig
-from distill.data import DomainPrompts, load_domain_prompts
+from distill.config import DomainConfig, check_magpie_settings
+from distill.data import (MAGPIE_COMPONENT, DomainPrompts, component_share, load_domain_prompts, normal_form,
+                          read_jsonl_prompts, with_train_component)
 from distill.generate import answer_prompts
 
 log = logging.getLogger(__name__)
@@ -40,20 +43,6 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 1
 SENTINEL = "SpecdraftSentinelUserMessage"
 SAMPLES_PER_PROMPT = 4  # the sampling budget: at most this many samples per prompt asked for
-
-
-def check_magpie_settings(domain_cfg: DomainConfig) -> SamplingParams:
-    """The sampling of the target-written prompts, with every magpie setting checked (before a model loads)."""
-    if domain_cfg.magpie_prompts < 1 or domain_cfg.magpie_max_prompt_tokens < 1:
-        raise ConfigError(f"domain.magpie_prompts and domain.magpie_max_prompt_tokens must be >= 1, got "
-                          f"{domain_cfg.magpie_prompts} and {domain_cfg.magpie_max_prompt_tokens}")
-    if domain_cfg.magpie_temperature <= 0:
-        raise ConfigError(f"domain.magpie_temperature must be > 0 (greedy would write one prompt), got "
-                          f"{domain_cfg.magpie_temperature}")
-    try:
-        return SamplingParams(temperature=domain_cfg.magpie_temperature, top_p=domain_cfg.magpie_top_p)
-    except ValueError as error:
-        raise ConfigError(f"domain.magpie_*: {error}") from None
 
 
 def pre_query_template(tokenizer, system_prompt: str | None = None) -> tuple[list[int], list[int]]:
@@ -73,11 +62,6 @@ def pre_query_template(tokenizer, system_prompt: str | None = None) -> tuple[lis
     first_after = tokenizer.encode(after, add_special_tokens=False)[:1]
     return (tokenizer.encode(before, add_special_tokens=False),
             [token for token in first_after if token in tokenizer.all_special_ids])
-
-
-def normal_form(text: str) -> str:
-    """Lower-case words alone: requests that differ only in case, spacing or punctuation are one request."""
-    return " ".join(re.findall(r"\w+", text.lower()))
 
 
 def rejection(text: str, ended: bool, seen: set[str]) -> str | None:
@@ -136,10 +120,10 @@ def magpie_prompt_file(domain_cfg: DomainConfig, target_fingerprint: str, seed: 
     return cache_root() / "prompts" / f"{domain_cfg.name}-magpie-{key}.jsonl"
 
 
-def magpie_domain_prompts(domain_cfg: DomainConfig, pair, target_fingerprint: str, seed: int, batch_size: int,
-                          accelerator=None) -> DomainPrompts:
-    """The domain's prompts written by the target (source magpie), split train/validation/heldout by a hash
-    of their ids like a jsonl source's. Written on first use (by the main process, under accelerate)."""
+def write_target_prompts(domain_cfg: DomainConfig, pair, target_fingerprint: str, seed: int, batch_size: int,
+                         accelerator=None) -> Path:
+    """The file of the domain's domain.magpie_prompts target-written prompts, written on first use (by the main
+    process, under accelerate), else reused."""
     sampling = check_magpie_settings(domain_cfg)
     path = magpie_prompt_file(domain_cfg, target_fingerprint, seed, batch_size)
     if path.is_file():
@@ -154,7 +138,33 @@ def magpie_domain_prompts(domain_cfg: DomainConfig, pair, target_fingerprint: st
         log.info("target-written prompts: %s", path)
     if accelerator is not None:
         accelerator.wait_for_everyone()
+    return path
+
+
+def magpie_domain_prompts(domain_cfg: DomainConfig, pair, target_fingerprint: str, seed: int, batch_size: int,
+                          accelerator=None) -> DomainPrompts:
+    """The domain's prompts written by the target (source magpie), split train/validation/heldout by a hash
+    of their ids like a jsonl source's. Written on first use (by the main process, under accelerate)."""
+    path = write_target_prompts(domain_cfg, pair, target_fingerprint, seed, batch_size, accelerator)
     return load_domain_prompts(replace(domain_cfg, source="jsonl", path=str(path), fields=DomainConfig().fields))
+
+
+def with_target_written_prompts(domain_cfg: DomainConfig, prompts: DomainPrompts, pair, target_fingerprint: str,
+                                seed: int, batch_size: int, max_train_prompts: int,
+                                accelerator=None) -> DomainPrompts:
+    """A mix's prompts (source mix) with its domain.magpie_prompts target-written ones (null: one component's share
+    of max_train_prompts, as many as the mix keeps of each domain): training prompts only, of component `magpie`
+    (ids magpie/magpie-00000, ...), taken in turn with the other components' so that max_train_prompts keeps as
+    many of them as of each domain; one that repeats a prompt of the mix is left out, so that none is held out.
+    Written once per target, seed and settings (write_target_prompts). The prompts as they are for another
+    source, for a mix without target-written prompts (magpie_prompts 0), or when they are in already."""
+    if domain_cfg.source != "mix" or domain_cfg.magpie_prompts == 0 or \
+            any(prompt.id.startswith(f"{MAGPIE_COMPONENT}/") for prompt in prompts.train):
+        return prompts
+    if domain_cfg.magpie_prompts is None:
+        domain_cfg = replace(domain_cfg, magpie_prompts=component_share(domain_cfg, max_train_prompts))
+    path = write_target_prompts(domain_cfg, pair, target_fingerprint, seed, batch_size, accelerator)
+    return with_train_component(prompts, MAGPIE_COMPONENT, read_jsonl_prompts(path))
 
 
 # Diversity --------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The generate stage: the target's answers to the domain's training and validation prompts.
 
 Answers are cached by everything that determines them (distill/generate.py), so the train stage
-looks up what the generate stage made, and a rerun reuses it.
+looks up what the generate stage made, and a rerun reuses it. A mix (the general domain) gets its target-written
+prompts here, once the target is loaded (distill/magpie.py with_target_written_prompts).
 """
 
 from __future__ import annotations
@@ -17,15 +18,17 @@ from decode.models import model_fingerprint
 from decode.precision import FLOAT32
 from distill.config import DomainConfig, GenerateConfig
 from decode.results import GenerateResult
-from distill.data import DomainPrompts
+from distill.data import DomainPrompts, components_count
 from distill.generate import cache_key, dataset_directory, generate_dataset, generation_precision, load_cached_dataset
+from distill.magpie import with_target_written_prompts
 from distill.served_answers import answer_source, answering_server
 
 log = logging.getLogger(__name__)
 
 
 def training_prompts(prompts: DomainPrompts, settings: GenerateConfig) -> dict:
-    """The prompts the target answers: split name -> prompts."""
+    """The prompts the target answers: split name -> prompts. The first of each split: a mix's splits take its
+    components in turn (distill/data.py mixed_prompts), so these hold as many of each."""
     return {"train": prompts.train[: settings.max_train_prompts],
             "validation": prompts.validation[: settings.max_validation_prompts]}
 
@@ -40,6 +43,13 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
     sampling = settings.sampling(decode)
     source = answer_source(settings)
     fingerprint = model_fingerprint(ctx.target_spec)
+    if domain.source == "mix":
+        prompts = with_target_written_prompts(domain, prompts, ctx.pair, fingerprint, ctx.seed, settings.batch_size,
+                                              settings.max_train_prompts, ctx.accelerator)
+        if create:
+            for split, split_prompts in training_prompts(prompts, settings).items():
+                log.info("domain %s, %s prompts by component: %s", domain.name, split,
+                         ", ".join(f"{name} {count}" for name, count in components_count(split_prompts).items()))
     found, where, precision = {}, {}, None
     with answering_server(settings, ctx.target_spec, ctx.pair.eos_token_ids,
                           ctx.run_dir / "generate_server.log") as served:

@@ -24,8 +24,6 @@ TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="
                   draft=ModelSpec(path=None, derive_layers=1, dtype="float32", device="cpu"))
 
 
-
-
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     """champion: the derived 1-layer draft; better: the target itself as draft; unservable: the better draft with
@@ -88,9 +86,14 @@ def test_the_loop_detects_the_drift_retrains_promotes_and_the_server_recovers(tm
         assert promoted.name == "export" and (tmp_path / "current").resolve() == promoted
         assert len(starts) == 2 and windows[3]["draft"] == str(promoted / "draft.gguf")
         assert windows[3]["alpha_server"] > 0.9 > max(before)  # read from the server's own counters
+        recovered = result["recovery"]["translation"]
+        assert recovered["windows_before"] == [1, 2] and recovered["windows_after"] == [3]
+        assert recovered["requests"] == {"before": 16, "after": 8}
+        assert recovered["interval"][0] > 0 and recovered["alpha_after"] == windows[3]["alpha_server"]
     else:  # promoted by the gate, but llama-server cannot load it: the champion serves again
         assert (tmp_path / "current").resolve() == exports["champion"].resolve()
         assert len(starts) == 2 and windows[3]["draft"] == champion_gguf
+        assert result["recovery"] == {}  # one draft served translation throughout
 
 
 def test_the_readmes_closed_loop_and_serving_bench_commands_compose_into_their_schemas():
@@ -109,7 +112,9 @@ def test_the_readmes_closed_loop_and_serving_bench_commands_compose_into_their_s
         bench = OmegaConf.to_object(compose(config_name="serving_bench",
                                             overrides=["serving.drafts=[outputs/code/draft]"]))
     assert isinstance(loop, ClosedLoopCommand) and loop.threshold == 0.25 and loop.decode.temperature == 0
-    assert [(phase.domain, phase.windows) for phase in loop.loop.phases] == [("code", 3), ("translation", 5)]
-    assert loop.retrain_command[-4:-1] == ["+domain={domain}", "domain.extra_prompts={prompts}", "run_dir={run_dir}"]
+    assert [(phase.domain, phase.windows) for phase in loop.loop.phases] == [("code", 3), ("translation", 6)]
+    assert loop.retrain_command[3:7] == ["+domain={domain}", "pair.draft.path={champion}",
+                                         "domain.extra_prompts={prompts}", "run_dir={run_dir}"]
+    assert loop.retrain_command[7] == "stages=[generate,train,export]"
     assert loop.loop.output_dir is None and loop.min_drafted == 100  # Hydra's run directory; short windows
     assert bench.serving.drafts == ["outputs/code/draft"] and bench.serving.gguf_type == "q8_0"

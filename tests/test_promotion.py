@@ -138,6 +138,20 @@ def test_traffic_is_split_for_good_and_the_gate_never_sees_a_trained_prompt():
     assert split_traffic(recent, "translation", settings) == (train, gate)  # the same split on every run
 
 
+def test_the_retrain_learns_all_the_drifted_traffic_and_the_latest_of_every_other_domain():
+    recent = {"code": [f"code prompt {i}" for i in range(200)], "chat": [f"chat {i}" for i in range(10)],
+              "translation": [f"translate {i}" for i in range(40)]}
+    train, _ = split_traffic(recent, "translation", PromotionConfig(other_domain_prompts=20))
+    trained = {domain: [text for text in train if text in texts] for domain, texts in recent.items()}
+    assert trained["translation"] == [t for t in recent["translation"] if not is_gate_prompt(t, 0.25)]
+    assert train[:len(trained["translation"])] == trained["translation"]  # the drifted domain's first
+    code_side = [t for t in recent["code"] if not is_gate_prompt(t, 0.25)]
+    assert trained["code"] == code_side[-20:]  # the latest, capped
+    assert trained["chat"] == [t for t in recent["chat"] if not is_gate_prompt(t, 0.25)]  # fewer than the cap: all
+    alone, _ = split_traffic(recent, "translation", PromotionConfig(other_domain_prompts=0))
+    assert alone == trained["translation"]
+
+
 def test_promotion_moves_current_and_moves_it_back_when_the_reload_fails(tmp_path):
     champion, challenger = tmp_path / "champion", tmp_path / "challenger"
     champion.mkdir(), challenger.mkdir()
@@ -208,8 +222,9 @@ def write_shifting_traffic(path: Path) -> None:
 
 
 def monitor_config(tmp_path: Path, challenger: Path, current: Path, reload_marker: Path) -> MonitorConfig:
-    place_export = [sys.executable, "-c", "import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2] + '/export')",
-                    str(challenger), "{run_dir}"]
+    place_export = [sys.executable, "-c", "import shutil, sys; shutil.copytree(sys.argv[1], sys.argv[2] + '/export'); "
+                    "open(sys.argv[2] + '/started_from', 'w').write(sys.argv[3])", str(challenger), "{run_dir}",
+                    "{champion}"]
     record_reload = [sys.executable, "-c", "import os, sys; open(sys.argv[1], 'a').write(os.readlink(sys.argv[2]) + '\\n')",
                      str(reload_marker), "{current}"]
     return MonitorConfig(
@@ -241,6 +256,7 @@ def test_a_drift_retrains_gates_and_promotes_only_a_better_challenger(tmp_path, 
     assert gate.promote is promoted
     assert set(gate.alpha) == {"code", "translation"} and all(gate.prompts[d] >= 2 for d in gate.prompts)
     run_dir = Path(alerted.retrains["translation"].run_dir)
+    assert (run_dir / "started_from").read_text() == str((exports[champion_name] / "draft").resolve())
     expected = run_dir / "export" if promoted else exports[champion_name]
     assert current.resolve() == expected.resolve()
     assert (marker.read_text().split() if marker.exists() else []) == ([str(expected.resolve())] if promoted else [])
@@ -273,6 +289,8 @@ def test_promotion_is_refused_at_start_without_a_current_link_or_a_run_dir_to_re
     point_symlink(current, exports["champion"])
     with pytest.raises(ConfigError, match="run_dir"):
         run(replace(config, retrain_command=["true"]))
+    with pytest.raises(ConfigError, match="promotion.current"):  # nothing to start from
+        run(replace(config, promotion=PromotionConfig(), retrain_command=["train", "pair.draft.path={champion}"]))
 
 
 def test_the_overrides_the_readme_gives_the_monitor_parse_with_their_placeholders():
@@ -286,6 +304,6 @@ def test_the_overrides_the_readme_gives_the_monitor_parse_with_their_placeholder
     for cron in crons:
         overrides = [arg.strip("'") for arg in cron.split(" ") if arg.startswith(("'retrain_command", "'promotion"))]
         values = {override.key_or_group: override.value() for override in map(parser.parse_override, overrides)}
-        assert values["retrain_command"][-3:] == ["+domain={domain}", "domain.extra_prompts={prompts}",
-                                                  "run_dir={run_dir}"]
+        assert values["retrain_command"][-4:] == ["+domain={domain}", "pair.draft.path={champion}",
+                                                  "domain.extra_prompts={prompts}", "run_dir={run_dir}"]
         assert values["promotion.reload_command"] == ["systemctl", "restart", "llama-server"]

@@ -138,11 +138,13 @@ def test_a_run_killed_with_sigkill_resumes_to_the_same_draft(tmp_path, cache):
 
 def test_two_accelerate_processes_share_generation_and_training(tmp_path, cache):
     shared_cache = tmp_path / "cache"  # fresh, so the two processes really generate
-    command = [sys.executable, "-m", "accelerate.commands.launch", "--cpu", "--num_processes", "2",
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu", "--num_processes", "2",
                "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no",
                "-m", "train", "+domain=code", "+debug=tiny", "stages=[generate,train]", "method.max_steps=2",
                f"run_dir={tmp_path / 'run'}", f"hydra.run.dir={tmp_path / 'hydra'}"]
-    run(command, shared_cache)
+    result = run(command, shared_cache)
+    logged = result.stdout + result.stderr
+    assert "training process 0 of 2" in logged and "training process 1 of 2" in logged  # two processes, for real
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     train_data = datasets.load_from_disk(summary["generate"]["train_data"])
     assert summary["generate"]["train_answers"] == 8 == len(set(train_data["id"]))

@@ -98,7 +98,12 @@ class UnrolledHead(nn.Module):
 
 class Eagle3Recipe(DistillationRecipe):
     """The examples carry the target's capture-layer states (FeaturedExample); the frozen target embeddings
-    are the target's own and are neither trained nor saved."""
+    are the target's own and are neither trained nor saved (a plain tensor beside the head: no DDP or FSDP
+    wrapper ever sees it)."""
+
+    # the unrolled head reads its submodules' weights (head.fc.weight, ...) without calling them: under FSDP the
+    # whole head is one unit, all-gathered when the unrolled forward starts
+    fsdp_units_below_root = False
 
     def __init__(self, settings: MethodConfig, seed: int, head: Eagle3Head, target_embeddings: torch.Tensor,
                  vocab_size: int, pad_token_id: int, train_examples: list[FeaturedExample],
@@ -119,7 +124,8 @@ class Eagle3Recipe(DistillationRecipe):
         return history
 
     def trained_draft(self) -> Eagle3Head:
-        return self.accelerator.unwrap_model(self.draft).head
+        """The trained head (under FSDP, every process must call it: see DistillationRecipe.trained_draft)."""
+        return self._trained_model().head
 
     def _step_logits(self, batch: dict) -> list[torch.Tensor]:
         with torch.no_grad():
@@ -172,7 +178,7 @@ class Eagle3Recipe(DistillationRecipe):
         """The first draft step's mean sum_x min(p, q) over the validation answer positions, under the decoder's
         sampling settings (as the base class defines it); every step's figure is logged and kept."""
         self.draft.eval()
-        head = self.trained_draft()
+        head = self.accelerator.unwrap_model(self.draft).head  # for its vocabulary map (buffers, never sharded)
         steps = self.settings.ttt_steps
         accepted = torch.zeros(steps, dtype=torch.float64, device=self.accelerator.device)
         positions = torch.zeros_like(accepted)

@@ -104,7 +104,10 @@ class Pipeline:
             self.prompts = load_domain_prompts(config.domain)
         target_spec = replace(config.pair.target, device=str(accelerator.device))  # one device per process
         draft_spec = replace(config.pair.draft, device=str(accelerator.device))
-        pair = load_pair(target_spec, draft_spec, config.pair.check_chat_template)
+        # the first process loads first: it writes what the others then read from the cache (a converted GGUF
+        # file, the tiny pair), so that several processes never write the same directory at once
+        with accelerator.main_process_first():
+            pair = load_pair(target_spec, draft_spec, config.pair.check_chat_template)
         check_export_support(config, pair)
         if written_by_target:
             self.prompts = magpie_domain_prompts(config.domain, pair, model_fingerprint(target_spec), config.seed,

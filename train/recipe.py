@@ -12,14 +12,20 @@ that was measured to pay (decode/precision.py); the loss is computed in float32.
 
 With on-policy mixing, a share of every step's sequences are the current draft's own answers, scored by
 the target (distill/on_policy.py): sampled afresh every `on_policy_every` steps, kept in the checkpoints.
+
+One code path runs in one process, under DDP and under FSDP2 (`accelerate launch`, docs/distributed.md): the
+processes split every step's sequences, and a checkpoint holds the full (unsharded) state, so a run resumes
+under any number of processes and either kind of parallelism.
 """
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import logging
 import math
+import os
 import shutil
 import time
 from contextlib import contextmanager, nullcontext
@@ -31,7 +37,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from decode.errors import TrainingDiverged
+from decode.errors import ConfigError, TrainingDiverged
 from decode.files import publish, remove_stale_staging
 from decode.precision import choose_precision, cpu_bf16_speedup
 from decode.sampling import SamplingParams, probs_from_logits
@@ -43,6 +49,7 @@ from train.config import MethodConfig
 log = logging.getLogger(__name__)
 
 PROBE_BATCH = (2, 64)  # sequences x tokens that `auto` times: a sixteenth of a default micro-batch
+TRAINING_STATE = "training_state.pt"
 
 
 def base_causal_lm(model):
@@ -53,25 +60,89 @@ def base_causal_lm(model):
 class KeptRowsHead(nn.Module):
     """A pruned draft's output head while it trains: only the kept rows of the full head's weight.
 
-    It replaces the model's head, so the forward still runs through the model (and through
-    any DDP/FSDP wrapper); the weight stays the same parameter, tied to the embeddings.
+    It replaces the model's head, so the forward still runs through the model (and through any DDP/FSDP
+    wrapper); its `weight` is the full head's own parameter, tied to the embeddings, under the name the full
+    head gives it (`lm_head.weight`): the model's tying, FSDP's grouping of tied weights and the checkpoints
+    see the model they would see unpruned. The full head module is kept aside, unregistered, to go back.
     """
 
     def __init__(self, head: nn.Module, kept_ids: torch.Tensor):
         super().__init__()
-        self.head = head
+        self.weight = head.weight
         self.register_buffer("kept_ids", kept_ids, persistent=False)
+        object.__setattr__(self, "full_head", head)  # not a submodule: its weight is ours
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        return F.linear(hidden, self.head.weight[self.kept_ids])
+        return F.linear(hidden, self.weight[self.kept_ids])
 
 
 def restore_full_head(causal_lm) -> nn.Module:
-    """Put a pruned draft's full output head back in place; returns the head that was there."""
+    """Put a pruned draft's full output head back in place, with the weight it trained; returns the head that
+    was there."""
     head = causal_lm.get_output_embeddings()
     if isinstance(head, KeptRowsHead):
-        causal_lm.set_output_embeddings(head.head)
+        head.full_head.weight = head.weight
+        causal_lm.set_output_embeddings(head.full_head)
     return head
+
+
+def use_fsdp_on_cpu(accelerator) -> None:
+    """`accelerate launch --use_fsdp --fsdp_version 2` (or a config file saying so) on CPU processes: accelerate
+    keeps FSDP for accelerators and silently falls back to MULTI_CPU (DDP over gloo, the draft replicated).
+    This turns accelerate's own FSDP2 path back on over the same gloo process group, so that the CPU processes
+    run what GPU processes run: parameters, gradients and optimizer state sharded as DTensors, accelerate's
+    prepare, no_sync and gradient clipping. FSDP1 is refused: torch's FSDP1 rejects accelerate's CPU device."""
+    from accelerate.state import AcceleratorState, PartialState
+    from accelerate.utils import DistributedType, FullyShardedDataParallelPlugin
+
+    asked = os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
+    if not asked or accelerator.distributed_type != DistributedType.MULTI_CPU:
+        return
+    if os.environ.get("FSDP_VERSION", "1") != "2":
+        raise ConfigError("FSDP on CPU processes runs only as FSDP2: add --fsdp_version 2 to accelerate launch "
+                          "(or fsdp_version: 2 to its config file)")
+    # accelerate keeps the type in two shared states: the accelerator's, and the one every new PartialState reads
+    PartialState._shared_state["distributed_type"] = DistributedType.FSDP
+    AcceleratorState._shared_state["distributed_type"] = DistributedType.FSDP
+    accelerator.state.fsdp_plugin = FullyShardedDataParallelPlugin()  # from launch's FSDP_* variables
+    log.warning("FSDP2 on %d CPU processes over gloo (accelerate itself runs FSDP only on accelerators)",
+                accelerator.num_processes)
+
+
+def is_sharded(accelerator) -> bool:
+    from accelerate.utils import DistributedType
+
+    return accelerator.distributed_type == DistributedType.FSDP
+
+
+def sharding_summary(model: nn.Module) -> str:
+    """How much of the model this process holds: what tells sharded weights from replicated ones."""
+    from torch.distributed.tensor import DTensor, Shard
+
+    params = list(model.parameters())
+    sharded = [p for p in params if isinstance(p, DTensor) and any(isinstance(at, Shard) for at in p.placements)]
+    held = sum(p.to_local().numel() if isinstance(p, DTensor) else p.numel() for p in params)
+    return (f"{len(sharded)} of {len(params)} parameters sharded, {held} of their {sum(p.numel() for p in params)} "
+            f"elements held here")
+
+
+def meta_copy(module: nn.Module) -> nn.Module:
+    """A deep copy of `module` whose parameters are on the meta device (no memory; ties kept), buffers copied:
+    the unsharded model a sharded one's gathered weights go back into."""
+    memo = {id(p): nn.Parameter(torch.empty_like(p, device="meta"), requires_grad=p.requires_grad)
+            for p in module.parameters()}
+    return copy.deepcopy(module, memo)
+
+
+def fill_parameters(module: nn.Module, state: dict) -> None:
+    """Give every parameter of `module` (a meta_copy) its value from a full state dict, keeping ties: every name
+    of one parameter gets one new parameter."""
+    filled = {}
+    for name, param in module.named_parameters(remove_duplicate=False):
+        if id(param) not in filled:
+            filled[id(param)] = nn.Parameter(state[name].detach().clone(), requires_grad=param.requires_grad)
+        owner, _, attribute = name.rpartition(".")
+        module.get_submodule(owner)._parameters[attribute] = filled[id(param)]
 
 
 class DistillationRecipe:
@@ -94,6 +165,11 @@ class DistillationRecipe:
         self.checkpoint_dir = checkpoint_dir
         self.eval_sampling = eval_sampling
         self.loss_fn = LOSSES[settings.loss]
+        use_fsdp_on_cpu(accelerator)
+        self.sharded = is_sharded(accelerator)
+        self._check_distribution(settings)
+        log.info("training process %d of %d (%s)", accelerator.process_index, accelerator.num_processes,
+                 accelerator.distributed_type.value)
         device = accelerator.device
         self.kept_ids = self.kept_index = None
         if kept_ids:  # a pruned draft: its logits index the kept tokens; kept_index maps vocabulary ids there
@@ -125,12 +201,37 @@ class DistillationRecipe:
         steps_per_epoch = math.ceil(len(train_examples) / self.offline_per_step)
         self.total_steps = settings.max_steps or settings.epochs * steps_per_epoch
         self.steps_per_epoch = steps_per_epoch
+        # sharded, the trained weights are gathered into an unsharded copy of the draft to be saved
+        self.unsharded = meta_copy(draft) if self.sharded else None
+        if self.sharded:
+            plugin = accelerator.state.fsdp_plugin
+            # every process built the same draft: each keeps its own shard of it, no broadcast from the first
+            # (accelerate's broadcast also fails on persistent buffers, as an EAGLE-3 head's vocabulary map)
+            plugin.cpu_ram_efficient_loading = False
+            if not self.fsdp_units_below_root:
+                plugin.auto_wrap_policy = None
         self.draft, self.optimizer = accelerator.prepare(draft, optimizer)
-        # not prepared: accelerate would step it once per process; registered so checkpoints hold it
+        if self.sharded:
+            log.info("FSDP process %d: %s", accelerator.process_index, sharding_summary(self.draft))
+        # not prepared: accelerate would step it once per process; the checkpoints hold it
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, min(settings.warmup_steps, self.total_steps),
                                                          self.total_steps)
-        accelerator.register_for_checkpointing(self.scheduler)
         self.step = 0
+
+    # an FSDP auto-wrap policy may make units of submodules (the draft's decoder layers); a model that reads
+    # submodules' weights without calling them (the EAGLE-3 head) must be one unit
+    fsdp_units_below_root = True
+
+    def _check_distribution(self, settings: MethodConfig) -> None:
+        from accelerate.utils import DistributedType
+
+        if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
+            raise ConfigError("DeepSpeed is not supported by the training recipe: use FSDP (accelerate launch "
+                              "--config_file conf/accelerate/fsdp.yaml, docs/distributed.md)")
+        if self.sharded and settings.on_policy_fraction:
+            raise ConfigError("method.on_policy_fraction is not supported under FSDP: each process samples its own "
+                              "prompts with the draft, a different number of forwards each, which sharded weights "
+                              "cannot serve; use DDP or one process")
 
     # ---- the loop -------------------------------------------------------------------------------
     def train(self) -> dict:
@@ -168,8 +269,8 @@ class DistillationRecipe:
         accelerator = self.accelerator
         answer_tokens = torch.tensor(sum(int(b["loss_mask"].sum()) for b in micro_batches), device=accelerator.device)
         answer_tokens = accelerator.reduce(answer_tokens, reduction="sum").item()
-        # DDP averages gradients over processes: scale by their number so that the update is the
-        # gradient of (sum of token losses over the whole step) / (answer tokens in the whole step)
+        # DDP's all-reduce and FSDP's reduce-scatter average gradients over processes: scale by their number so
+        # that the update is the gradient of (sum of token losses over the whole step) / (answer tokens in it)
         scale = accelerator.num_processes / max(answer_tokens, 1)
         step_loss = torch.zeros((), device=accelerator.device)
         for index, batch in enumerate(micro_batches):
@@ -187,6 +288,8 @@ class DistillationRecipe:
         # clipping with an infinite bound only measures the norm; a non-finite norm means a non-finite gradient
         gradient_norm = accelerator.clip_grad_norm_(self.draft.parameters(),
                                                     self.settings.max_grad_norm or float("inf"))
+        if hasattr(gradient_norm, "full_tensor"):  # FSDP2: a DTensor replicated over the processes
+            gradient_norm = gradient_norm.full_tensor()
         if not math.isfinite(float(gradient_norm)):
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingDiverged(
@@ -313,10 +416,23 @@ class DistillationRecipe:
         return (totals[0] / totals[1]).item() if totals[1] else float("nan")
 
     def trained_draft(self):
-        """The trained model, unwrapped, with its full output head back in place."""
-        draft = self.accelerator.unwrap_model(self.draft)
+        """The trained model, unwrapped, with its full output head back in place. Sharded (FSDP), every process
+        must call it: the weights are gathered into an unsharded copy on the main process's CPU; the other
+        processes get that copy with its parameters on the meta device (shapes, no values)."""
+        draft = self._trained_model()
         restore_full_head(base_causal_lm(draft))
         return draft
+
+    def _trained_model(self) -> nn.Module:
+        if not self.sharded:
+            return self.accelerator.unwrap_model(self.draft)
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+        state = get_model_state_dict(self.draft, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+        if self.accelerator.is_main_process:
+            fill_parameters(self.unsharded, state)
+            self.unsharded.to("cpu")
+        return self.unsharded
 
     # ---- checkpoints ------------------------------------------------------------------------------
     def _latest_checkpoint(self) -> Path | None:
@@ -324,24 +440,73 @@ class DistillationRecipe:
         return done[-1] if done else None
 
     def _save_checkpoint(self) -> None:
+        """<checkpoint_dir>/step-<n>: training_state.pt (the full model and optimizer state keyed by parameter
+        name, as one process holds them whatever the number of processes or the sharding; the scheduler),
+        rng-<process>.pt, trainer_state.json; written in a staging directory and renamed into place."""
         accelerator = self.accelerator
         final = self.checkpoint_dir / f"step-{self.step:08d}"
         staging = self.checkpoint_dir / f".tmp-step-{self.step:08d}"
         if accelerator.is_main_process:
             shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
         accelerator.wait_for_everyone()
-        accelerator.save_state(str(staging))
+        torch.save(self._rng_state(), staging / f"rng-{accelerator.process_index}.pt")
+        state = self._training_state()  # gathered from every process onto the main one
         if accelerator.is_main_process:
-            state = {"step": self.step, "autocast": self.precision.name}
-            (staging / "trainer_state.json").write_text(json.dumps(state))
+            torch.save(state, staging / TRAINING_STATE)
+            trainer = {"step": self.step, "autocast": self.precision.name, "processes": accelerator.num_processes}
+            (staging / "trainer_state.json").write_text(json.dumps(trainer))
             if self.on_policy_pool:  # a resumed run goes on with the samples this one was training on
                 (staging / "on_policy.json").write_text(json.dumps(
                     {"refresh": self.on_policy_refresh,
                      "examples": [dataclasses.asdict(example) for example in self.on_policy_pool]}))
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
             publish(staging, final)  # a checkpoint exists whole or not at all
             for old in sorted(self.checkpoint_dir.glob("step-*"))[: -self.settings.keep_checkpoints]:
                 shutil.rmtree(old, ignore_errors=True)
         accelerator.wait_for_everyone()
+
+    def _training_state(self) -> dict:
+        """The model's and the optimizer's full state by parameter name (on the main process; the others get
+        empty dicts when sharded) and the scheduler's: the same in one process, under DDP and under FSDP."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                             get_optimizer_state_dict)
+
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        return {"model": get_model_state_dict(self.draft, options=options),
+                "optimizer": get_optimizer_state_dict(self.draft, self._torch_optimizer(), options=options),
+                "scheduler": self.scheduler.state_dict()}
+
+    def _load_training_state(self, checkpoint: Path) -> None:
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        state = torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
+        options = StateDictOptions(full_state_dict=True)  # every process reads the file and keeps its shard
+        set_model_state_dict(self.draft, state["model"], options=options)
+        set_optimizer_state_dict(self.draft, self._torch_optimizer(), state["optimizer"], options=options)
+        self.scheduler.load_state_dict(state["scheduler"])
+        saved = json.loads((checkpoint / "trainer_state.json").read_text()).get("processes")
+        rng = checkpoint / f"rng-{self.accelerator.process_index}.pt"
+        if saved == self.accelerator.num_processes and rng.is_file():  # else dropout masks differ anyway
+            self._set_rng_state(torch.load(rng, weights_only=True))
+
+    def _torch_optimizer(self) -> torch.optim.Optimizer:
+        return getattr(self.optimizer, "optimizer", self.optimizer)  # inside accelerate's AcceleratedOptimizer
+
+    @staticmethod
+    def _rng_state() -> dict:
+        state = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            state["cuda"] = torch.cuda.get_rng_state_all()
+        return state
+
+    @staticmethod
+    def _set_rng_state(state: dict) -> None:
+        torch.set_rng_state(state["torch"])
+        if "cuda" in state and torch.cuda.is_available():
+            torch.cuda.set_rng_state_all(state["cuda"])
 
     def _resume(self) -> None:
         self.checkpoint_dir.mkdir(parents=True, exist_ok=True)
@@ -351,7 +516,11 @@ class DistillationRecipe:
         latest = self._latest_checkpoint()
         if latest is None:
             return
-        self.accelerator.load_state(str(latest))
+        if not (latest / TRAINING_STATE).is_file():
+            raise ConfigError(f"{latest} was written by an earlier version of specdraft (accelerate's checkpoint "
+                              f"layout), which this one does not resume; remove {self.checkpoint_dir} to train "
+                              f"from the start")
+        self._load_training_state(latest)
         self.step = json.loads((latest / "trainer_state.json").read_text())["step"]
         if self.on_policy and (latest / "on_policy.json").is_file():
             saved = json.loads((latest / "on_policy.json").read_text())

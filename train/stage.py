@@ -34,7 +34,7 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
     if method.prune_vocab:
         kept = most_probable_tokens(target_mass(train_examples), method.prune_vocab, _always_kept_tokens(ctx),
                                     ctx.pair.vocab_size)
-        draft.config.draft_vocab = kept
+    draft.config.draft_vocab = kept  # set also when None: a draft started from a pruned one is not pruned
     if not method.train_embeddings:
         draft.get_input_embeddings().requires_grad_(False)
         draft.get_output_embeddings().requires_grad_(False)
@@ -81,10 +81,11 @@ def _on_policy_sampler(ctx: RunContext, method: MethodConfig, domain: DomainConf
 
 
 def _save_draft(ctx: RunContext, draft) -> None:
-    if hasattr(draft, "merge_and_unload"):
-        draft = draft.merge_and_unload()
-    draft = draft.to(dtype=next(ctx.pair.target.parameters()).dtype)
+    """The main process writes the draft (under FSDP the only one holding its gathered weights)."""
     if ctx.is_main_process:
+        if hasattr(draft, "merge_and_unload"):
+            draft = draft.merge_and_unload()
+        draft = draft.to(dtype=next(ctx.pair.target.parameters()).dtype)
         with published(ctx.draft_dir, directory=True) as staging:
             draft.save_pretrained(staging)
             ctx.pair.tokenizer.save_pretrained(staging)

@@ -10,9 +10,11 @@ timings.draft_n / draft_n_accepted become a request-log line, as a gateway logs 
     retrains, gates the challenger against the champion, and promotes it by moving `current`;
   - when `current` moved, the server restarts with the new export's draft.gguf. If it does not come up, `current`
     points back at the champion and the server restarts with it: a failure anywhere leaves the old draft serving.
-Every step is logged with its wall time; closed_loop.json (the windows, the steps), the request log, the
-server logs and the monitor's state (state_dir) land in loop.output_dir, whose path is the last line
-printed. Time is simulated: window w's requests carry timestamps inside window w.
+Every step is logged with its wall time; closed_loop.json (the windows, the steps, the recovery), the request
+log, the server logs and the monitor's state (state_dir) land in loop.output_dir, whose path is the last line
+printed. The recovery: for each domain served by more than one draft, alpha under the first and under the last,
+and their difference with a 95% interval over requests. Time is simulated: window w's requests carry timestamps
+inside window w.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import List, Optional
+
+import numpy as np
 
 import hydra
 from hydra.core.config_store import ConfigStore
@@ -126,6 +130,7 @@ class ServedLoop:
         started = time.monotonic()
         loop, decode = self.config.loop, self.config.decode
         before = spec_counters(self.server.metrics_text())
+        counts = []  # per request: drafted, accepted (the reply's timings)
         with self.request_log.open("a", encoding="utf-8") as log_file:
             for number, (at, domain, prompt) in enumerate(requests):
                 prompt_ids = encode_chat(self.tokenizer, prompt, domain_config(domain).system_prompt)
@@ -134,12 +139,13 @@ class ServedLoop:
                 log_file.write(json.dumps({"timestamp": at, "domain": domain, "prompt": prompt,
                                            "drafted": reply.drafted, "accepted": reply.accepted,
                                            "gamma": decode.gamma}) + "\n")
+                counts.append([reply.drafted, reply.accepted])
         after = spec_counters(self.server.metrics_text())
         drafted, accepted = after["drafted"] - before["drafted"], after["accepted"] - before["accepted"]
         domains = sorted({domain for _, domain, _ in requests})
         record = {"window": window, "domains": domains, "requests": len(requests), "draft": served_gguf(self.current),
                   "drafted": drafted, "accepted": accepted,
-                  "alpha_server": accepted / drafted if drafted else None}
+                  "alpha_server": accepted / drafted if drafted else None, "request_counts": counts}
         self.windows.append(record)
         self.step(f"window {window} ({', '.join(domains)})", started, requests=len(requests),
                   alpha_server=None if record["alpha_server"] is None else round(record["alpha_server"], 3),
@@ -203,8 +209,47 @@ def run_loop(config: ClosedLoopCommand, output_dir: Path) -> dict:
             served.follow_current(champion)
     finally:
         served.stop_server()
-    return {"windows": served.windows, "steps": served.steps, "request_log": str(served.request_log),
-            "current": str(served.current.resolve())}
+    result = {"windows": served.windows, "steps": served.steps, "request_log": str(served.request_log),
+              "current": str(served.current.resolve())}
+    result["recovery"] = recovery(served.windows, config.seed)
+    return result
+
+
+def recovery(windows: list[dict], seed: int, samples: int = 2000) -> dict:
+    """Per domain served by more than one draft: alpha (the servers' counters) under the first draft and under the
+    last, and the difference, last minus first, with a 95% interval resampling each side's requests apart (other
+    prompts on each side: no pairing)."""
+    by_domain: dict[str, list[dict]] = {}
+    for window in windows:
+        if len(window["domains"]) == 1:
+            by_domain.setdefault(window["domains"][0], []).append(window)
+    figures = {}
+    for domain, served in by_domain.items():
+        first, last = served[0]["draft"], served[-1]["draft"]
+        if first == last:
+            continue
+        sides = {name: [w for w in served if w["draft"] == draft] for name, draft in (("before", first), ("after", last))}
+        alpha = {name: sum(w["accepted"] for w in ws) / max(sum(w["drafted"] for w in ws), 1) for name, ws in sides.items()}
+        requests = {name: np.array([c for w in ws for c in w["request_counts"]], dtype=float).reshape(-1, 2)
+                    for name, ws in sides.items()}
+        rng = np.random.default_rng(seed)
+        resampled = {}
+        for name, rows in requests.items():
+            weights = rng.multinomial(len(rows), np.full(len(rows), 1 / len(rows)), size=samples)
+            sums = weights @ rows
+            with np.errstate(divide="ignore", invalid="ignore"):
+                resampled[name] = sums[:, 1] / sums[:, 0]
+        differences = resampled["after"] - resampled["before"]
+        differences = differences[np.isfinite(differences)]
+        figures[domain] = {"draft_before": first, "draft_after": last,
+                           "windows_before": [w["window"] for w in sides["before"]],
+                           "windows_after": [w["window"] for w in sides["after"]],
+                           "alpha_before": alpha["before"], "alpha_after": alpha["after"],
+                           "difference": alpha["after"] - alpha["before"],
+                           "interval": [float(q) for q in np.quantile(differences, [0.025, 0.975])]
+                           if differences.size else None,
+                           "requests": {name: len(rows) for name, rows in requests.items()}}
+    return figures
 
 
 def format_windows(result: dict) -> str:
@@ -214,6 +259,12 @@ def format_windows(result: dict) -> str:
         alpha = "-" if w["alpha_server"] is None else f"{w['alpha_server']:.3f}"
         lines.append(f"| {w['window']} | {', '.join(w['domains'])} | {w['requests']} | {alpha} | {int(w['drafted'])} "
                      f"| {int(w['accepted'])} | {os.path.relpath(w['draft'])} |")
+    for domain, figures in result.get("recovery", {}).items():
+        low, high = figures["interval"] or (float("nan"), float("nan"))
+        lines.append(f"\n{domain}: alpha {figures['alpha_before']:.3f} (windows {figures['windows_before']}, "
+                     f"{figures['requests']['before']} requests) -> {figures['alpha_after']:.3f} (windows "
+                     f"{figures['windows_after']}, {figures['requests']['after']} requests) after the draft changed, "
+                     f"difference {figures['difference']:+.3f} [95% interval {low:+.3f}, {high:+.3f}]")
     return "\n".join(lines) + "\n"
 
 

@@ -30,9 +30,10 @@ never drift):
       apportioned. Counts for windows already judged are not counted: they are tallied in the state and logged.
 
 On an alert, retrain_command starts as a job of its own, and the run returns; "{domain}" is the drifted
-domain, "{prompts}" a JSONL of recent prompts to train on (the drifted domain's first), "{run_dir}" the
-retrain's directory:
-  'retrain_command=[python,-m,train,"+domain={domain}","domain.extra_prompts={prompts}","run_dir={run_dir}"]'
+domain, "{prompts}" a JSONL of recent prompts to train on (the drifted domain's, then the latest
+promotion.other_domain_prompts of each other domain), "{run_dir}" the retrain's directory, "{champion}" the
+draft promotion.current points at (to retrain from, so that the draft keeps the other domains):
+  'retrain_command=[python,-m,train,"+domain={domain}","pair.draft.path={champion}","domain.extra_prompts={prompts}","run_dir={run_dir}"]'
 Later runs see it running, finished with its exit code, or killed; a failed or killed retrain runs again, in
 the same run_dir. With promotion.current=/srv/drafts/current (a symlink to the export serving now), the first run
 after a retrain succeeded gates the challenger against the champion on recent prompts it was not trained on, and

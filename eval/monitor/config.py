@@ -29,7 +29,11 @@ class PromotionConfig:
     min_gain: float = 0.02
     margin: float = 0.08
     bootstrap_samples: int = 1000  # paired resamples of the gate prompts behind each interval
-    gate_fraction: float = 0.25  # of the drifted domain's recent prompts: gate on these, train on the rest
+    gate_fraction: float = 0.25  # of each domain's recent prompts: gate on these, train on the rest
+    # the retrain learns every domain's recent traffic, so that the one draft a server runs keeps them: the drifted
+    # domain's, all of it, and each other domain's latest train-side prompts up to this many. The drifted domain
+    # weighs more: its own source's prompts fill the rest of the retrain's generate.max_train_prompts
+    other_domain_prompts: int = 64
     max_gate_prompts: int = 32  # per domain, the latest
     min_gate_prompts: int = 4  # fewer on the drifted domain: no decision, nothing promoted
     max_new_tokens: int = 48
@@ -56,8 +60,9 @@ class MonitorConfig:
     # gamma at which per-token acceptance is estimated from accepted / drafted where a source counts no rejections
     gamma: int = 3
     alert_after: int = 3  # consecutive low windows
-    # started on an alert, as a job of its own; "{domain}", "{prompts}" (a JSONL of its recent prompts) and
-    # "{run_dir}" substituted; []: none
+    # started on an alert, as a job of its own; "{domain}", "{prompts}" (a JSONL of recent prompts to train on),
+    # "{run_dir}" and "{champion}" (the model directory of the export promotion.current points at: a retrain that
+    # starts from it, pair.draft.path={champion}, keeps what the serving draft knew) substituted; []: none
     retrain_command: List[str] = field(default_factory=list)
     recent_prompts: int = 400  # the latest prompts kept per domain, to retrain and gate on
     now: Optional[str] = None  # ISO-8601 or unix seconds; None: the wall clock

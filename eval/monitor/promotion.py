@@ -70,13 +70,17 @@ def is_gate_prompt(text: str, fraction: float) -> bool:
 
 def split_traffic(recent: dict[str, list[str]], drifted: str,
                   settings: PromotionConfig) -> tuple[list[str], dict[str, list[str]]]:
-    """-> (the prompts to retrain on, drifted domain's first; domain -> the latest prompts to gate on). A prompt
-    is on one side for good, by a hash of its text, so the gate never decodes a prompt the challenger saw."""
+    """-> (the prompts to retrain on: the drifted domain's, then each other domain's latest
+    `other_domain_prompts`; domain -> the latest prompts to gate on). A prompt is on one side for good, by a hash
+    of its text, so the gate never decodes a prompt the challenger saw."""
     domains = [drifted] + sorted(domain for domain in recent if domain != drifted)
     train, gate = [], {}
     for domain in domains:
         texts = recent.get(domain, [])
-        train += [text for text in texts if not is_gate_prompt(text, settings.gate_fraction)]
+        trained = [text for text in texts if not is_gate_prompt(text, settings.gate_fraction)]
+        if domain != drifted:
+            trained = trained[-settings.other_domain_prompts:] if settings.other_domain_prompts else []
+        train += trained
         chosen = [text for text in texts if is_gate_prompt(text, settings.gate_fraction)]
         if chosen:
             gate[domain] = chosen[-settings.max_gate_prompts:]

@@ -39,6 +39,8 @@ EXIT_HEALTHY, EXIT_DRIFT, EXIT_ERROR = 0, 1, ConfigError.exit_code
 STATE_FILE, LOCK_FILE, STATE_VERSION = "state.json", "monitor.lock", 2
 RETRAIN_STATUS, GATE_LOCK = "retrain.status", "gate.lock"  # in a retrain's run_dir
 BREAK_EVEN = "break_even"
+RETRAIN_EXAMPLE = ('[python,-m,train,"+domain={domain}","pair.draft.path={champion}","domain.extra_prompts={prompts}",'
+                   '"run_dir={run_dir}"]')
 
 log = logging.getLogger("eval.monitor")  # by name: run with -m, __name__ is "__main__"
 
@@ -134,13 +136,16 @@ def validate(config: MonitorConfig) -> None:
             raise ConfigError(f"monitor: now: {error}") from None
     if config.promotion.current:
         validate_promotion(config)
+    elif any("{champion}" in arg for arg in config.retrain_command):
+        raise ConfigError("monitor: retrain_command starts from {champion}, the draft promotion.current points at: "
+                          "set promotion.current to a symlink to the export serving now")
 
 
 def validate_promotion(config: MonitorConfig) -> None:
     settings = config.promotion
     if config.retrain_command and not any("{run_dir}" in arg for arg in config.retrain_command):
         raise ConfigError("monitor: promotion needs retrain_command to write its run to {run_dir}, e.g. "
-                          "'retrain_command=[python,-m,train,\"+domain={domain}\",\"domain.extra_prompts={prompts}\",\"run_dir={run_dir}\"]'")
+                          f"'retrain_command={RETRAIN_EXAMPLE}'")
     checks = {"0 < promotion.gate_fraction < 1": 0 < settings.gate_fraction < 1,
               "promotion.min_gate_prompts >= 1": settings.min_gate_prompts >= 1,
               "promotion.max_gate_prompts >= promotion.min_gate_prompts":
@@ -148,6 +153,7 @@ def validate_promotion(config: MonitorConfig) -> None:
               "promotion.margin >= 0": settings.margin >= 0,
               "promotion.max_new_tokens >= 1": settings.max_new_tokens >= 1,
               "promotion.bootstrap_samples >= 1": settings.bootstrap_samples >= 1,
+              "promotion.other_domain_prompts >= 0": settings.other_domain_prompts >= 0,
               "recent_prompts >= 1": config.recent_prompts >= 1}
     for rule, holds in checks.items():
         if not holds:
@@ -351,6 +357,8 @@ def start_retrain(config: MonitorConfig, state: MonitorState, state_dir: Path, d
     write_traffic(run_dir / "traffic", train, gate)
     substitutions = {"{domain}": domain, "{prompts}": str(run_dir / "traffic" / TRAIN_PROMPTS),
                      "{run_dir}": str(run_dir)}
+    if config.promotion.current:  # resolved now: the retrain starts from the draft serving when it drifted
+        substitutions["{champion}"] = str(served_draft(Path(config.promotion.current).resolve()))
     retrain.command = [substitute(arg, substitutions) for arg in config.retrain_command]
     retrain.log = str(state_dir / f"retrain-{domain}.log")
     retrain.started_at = now
