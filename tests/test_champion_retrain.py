@@ -65,7 +65,7 @@ def write_traffic(path: Path) -> None:
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
 
 
-def gate_after_a_retrain(tmp_path: Path, champion_export: Path, cache: Path, *start_from: str):
+def gate_after_a_retrain(tmp_path: Path, monkeypatch, champion_export: Path, cache: Path, *start_from: str):
     """A drift on translation, a 2-step retrain (`start_from`: its pair.draft.path override, or none) and the gate
     -> (the gate's result, the retrain's run_dir)."""
     (tmp_path / "requests").mkdir()
@@ -80,7 +80,7 @@ def gate_after_a_retrain(tmp_path: Path, champion_export: Path, cache: Path, *st
         min_drafted=100, alert_after=3, retrain_command=retrain, now=str(T0 + 6 * HOUR + 1), pair=TINY,
         promotion=PromotionConfig(current=str(current), max_gate_prompts=GATE_PROMPTS, min_gate_prompts=8,
                                   max_new_tokens=32, margin=MARGIN))
-    os.environ["SPECDRAFT_CACHE"] = str(cache)  # the retrain job inherits it: the champion's answers are reused
+    monkeypatch.setenv("SPECDRAFT_CACHE", str(cache))  # the retrain job inherits it: the champion's answers reused
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # tiny models decode faster without thread hand-offs
     try:
@@ -89,16 +89,15 @@ def gate_after_a_retrain(tmp_path: Path, champion_export: Path, cache: Path, *st
         outcome = run(replace(config, now=str(T0 + 6 * HOUR + 60)))
     finally:
         torch.set_num_threads(threads)
-        os.environ.pop("SPECDRAFT_CACHE")
     assert alerted.alerts == ["translation"]
     run_dir = Path(alerted.retrains["translation"].run_dir)
     assert outcome.retrains["translation"].exit_code == 0, (Path(config.state_dir) / "retrain-translation.log").read_text()[-3000:]
     return outcome.gates["translation"], run_dir
 
 
-def test_a_retrain_from_the_champion_keeps_the_domain_it_did_not_retrain(tmp_path, champion):
+def test_a_retrain_from_the_champion_keeps_the_domain_it_did_not_retrain(tmp_path, monkeypatch, champion):
     export, cache = champion
-    gate, run_dir = gate_after_a_retrain(tmp_path, export, cache, "pair.draft.path={champion}")
+    gate, run_dir = gate_after_a_retrain(tmp_path, monkeypatch, export, cache, "pair.draft.path={champion}")
     assert gate.prompts["code"] == GATE_PROMPTS
     assert gate.difference_interval["code"][0] > -MARGIN, gate.reason  # code held, by its paired interval
     trained = [json.loads(line)["prompt"] for line in (run_dir / "traffic" / TRAIN_PROMPTS).read_text().splitlines()]
@@ -108,8 +107,8 @@ def test_a_retrain_from_the_champion_keeps_the_domain_it_did_not_retrain(tmp_pat
     assert str((export / "draft").resolve()) in config  # and started from the champion
 
 
-def test_a_retrain_from_the_targets_layers_loses_that_domain(tmp_path, champion):
+def test_a_retrain_from_the_targets_layers_loses_that_domain(tmp_path, monkeypatch, champion):
     """The same retrain, started afresh: the loss the champion start avoids, so the test above can tell them apart."""
     export, cache = champion
-    gate, _ = gate_after_a_retrain(tmp_path, export, cache)
+    gate, _ = gate_after_a_retrain(tmp_path, monkeypatch, export, cache)
     assert gate.difference_interval["code"][1] < 0, gate.reason
