@@ -53,7 +53,7 @@ log = logging.getLogger(__name__)
 
 MODES = ("ours_ar", "ours_spec", "ours_spec_dynamic", "hf_generate", "hf_assisted", "llama_cpp")
 AR_MODES = ("ours_ar", "hf_generate", "llama_cpp")
-COST_REPEATS = 5
+COST_REPEATS = 15  # repetitions of the step costs at each context (decode/step_costs.py): about 30 s each at 512 tokens
 WARM_UP_TOKENS = 8
 SLOW_AR_V = 0.95  # a verify of gamma + 1 tokens below this share of one AR step means the AR step is slow
 
@@ -155,11 +155,14 @@ def step_costs(cfg: BenchConfig, decoder, sampling: SamplingParams) -> dict:
     contexts = [cfg.short_context, cfg.cost_context]
     costs = {str(context): measure_step_costs(decoder, sampling, context, cfg.max_cost_gamma,
                                               COST_REPEATS).to_dict() for context in contexts}
+    runners = (("target", decoder.target), ("draft", decoder.draft))
     return {"cost_context": cfg.cost_context, "step_costs": costs,
             "skinny_route": {name: runner.skinny_route.summary() if isinstance(runner, NativeLlamaRunner) else None
-                             for name, runner in (("target", decoder.target), ("draft", decoder.draft))},
-            "route": {name: runner.skinny_route.describe() if isinstance(runner, NativeLlamaRunner) else "not native"
-                      for name, runner in (("target", decoder.target), ("draft", decoder.draft))}}
+                             for name, runner in runners},
+            "step_padding": {name: runner.step_padding.summary() if isinstance(runner, NativeLlamaRunner) else None
+                             for name, runner in runners},
+            "route": {name: f"{runner.skinny_route.describe()}; {runner.step_padding.describe()}"
+                      if isinstance(runner, NativeLlamaRunner) else "not native" for name, runner in runners}}
 
 
 def benchmark_modes(pair: ModelPair, decoder, sampling: SamplingParams, fixed: GammaPolicy,
@@ -305,18 +308,33 @@ def slow_ar_gammas(v: dict[str, float]) -> list[int]:
 
 def format_costs(report: dict) -> str:
     costs = report["step_costs"]
-    lines = [f"step cost at {context} tokens: target {c['target_step_ms']:.1f} ms, "
-             f"draft {c['draft_step_ms']:.1f} ms, c = {c['c']:.3f}" for context, c in costs.items()]
+    lines = [f"step cost at {context} tokens: target {c['target_step_ms']:.1f} ms{_range(c.get('target_step_ms_spread'), '.1f')}, "
+             f"draft {c['draft_step_ms']:.1f} ms, c = {c['c']:.3f}{_range(c.get('c_spread'), '.3f')}"
+             for context, c in costs.items()]
     for context, c in costs.items():
-        lines.append(f"v(gamma) at {context} tokens: " + "  ".join(f"{gamma}: {v:.2f}" for gamma, v in c["v"].items()))
+        spread = c.get("v_spread", {})
+        lines.append(f"v(gamma) at {context} tokens: " + "  ".join(
+            f"{gamma}: {v:.2f}{_range(spread.get(gamma), '.2f')}" for gamma, v in c["v"].items()))
+    repeats = {c.get("repeats") for c in costs.values()} - {None}
+    if repeats:
+        lines.append(f"(c and v: medians over {', '.join(map(str, sorted(repeats)))} repetitions of each step's ratio "
+                     f"to the AR steps timed just before and after it; in brackets the interquartile range)")
     for context, c in costs.items():
         slow = slow_ar_gammas(c["v"])
         if slow:
+            noisy = [gamma for gamma in slow if c.get("v_spread", {}).get(str(gamma), (0, 0))[1] >= 1]
             lines.append(f"WARNING: at {context} tokens a verify of gamma + 1 tokens cost less than "
                          f"{SLOW_AR_V:.0%} of one AR step for gamma {', '.join(map(str, slow))}: the AR path is slow "
-                         f"on this machine (route its 1-token forward), and speedups over it are inflated")
+                         f"on this machine (route its 1-token forward), and speedups over it are inflated" +
+                         (f"; for gamma {', '.join(map(str, noisy))} the interquartile range reaches 1, so other work "
+                          f"on the machine may be what this measured: rerun on a quiet machine" if noisy else ""))
     lines += [f"matmul route, {name}: {described}" for name, described in report["route"].items()]
     return "\n".join(lines)
+
+
+def _range(spread, spec: str) -> str:
+    """An interquartile range as " (low-high)", or nothing when there is none."""
+    return f" ({format(spread[0], spec)}-{format(spread[1], spec)})" if spread else ""
 
 
 def strongest_ar(rows: dict) -> tuple[str, dict] | None:

@@ -7,6 +7,10 @@ model's weights on an EPYC with AVX-512 where the same vector padded to 2 rows t
 cost more than a 4-token verify. So every row count the decoder runs is timed on the machine that decodes,
 for the model's own weight shapes, once per process, and each row count and weight shape takes its fastest
 kernel.
+
+A forward is more than its matmuls, so the whole 1-token step is checked too (measure_step_padding, run by
+decode/native.py after the route): the step as it is against the same step padded with a dummy token, and it
+runs padded where that measured faster.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import functools
 import logging
 import math
+import statistics
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -28,6 +33,7 @@ ROWS = range(1, 10)
 MARGIN = 0.10  # another kernel replaces F.linear only where it saves at least this share of the time
 PAD_MARGIN = 0.05  # a product runs padded to more rows only where that saves at least this share
 REPEATS = 5
+PAD_TIMINGS = 20  # the padding around a kernel is timed this many times (the fastest counts): microseconds each
 # A larger weight is timed on slices of its rows of this many elements (64 MiB in float32), which bounds the
 # probe of a 7B model to seconds. Not less: a 135M model's output head cut to 8 MiB slices showed F.linear on
 # 1 and 7 rows as fast as the other kernels, where on the whole head in the forward they beat it by 30%
@@ -105,6 +111,9 @@ class RouteDecision:
     kernels: Mapping[int, Mapping[Shape | None, str]] = field(default_factory=dict)
     # rows -> weight shape -> kernel -> seconds of that shape's calls in one pass of the weights
     seconds: Mapping[int, Mapping[Shape, Mapping[str, float]]] = field(default_factory=dict)
+    # weight shape -> seconds a pass of the weights spends padding that shape's inputs and cutting its outputs,
+    # what a padded kernel ("transposed@4") pays on top of its kernel's time at the larger row count
+    pad_seconds: Mapping[Shape, float] = field(default_factory=dict)
 
     @classmethod
     def forced(cls, kernels: Mapping[int, str]) -> "RouteDecision":
@@ -131,11 +140,12 @@ class RouteDecision:
                 "chosen": sum(self.chosen_seconds(rows, shape) for shape in times)}
 
     def chosen_seconds(self, rows: int, shape: Shape) -> float:
-        """The measured time of the kernel chosen for this row count and shape (a padded one: at its rows)."""
+        """The measured time of the kernel chosen for this row count and shape (a padded one: at its rows, and
+        the padding)."""
         name = self.kernel_name(rows, shape)
         if "@" in name:
             inner, padded_rows = name.split("@")
-            return self.seconds[int(padded_rows)][shape][inner]
+            return self.seconds[int(padded_rows)][shape][inner] + self.pad_seconds.get(shape, 0.0)
         return self.seconds[rows][shape][name]
 
     def summary(self) -> dict:
@@ -175,6 +185,7 @@ class Probe:
     shape: Shape  # the weight shape it stands for
     turns: list[torch.Tensor]  # the tensors of that shape (or slices of them) its calls take in turn
     scale: float  # how many of its calls a pass of the weights makes
+    calls: int = 1  # how many products of this shape a forward makes (the weights of the shape)
 
 
 Measure = Callable[[Sequence[Probe], int], dict[Shape, dict[str, float]]]
@@ -224,8 +235,26 @@ def probe_weights(weights: Sequence[torch.Tensor]) -> list[Probe]:
     for (out_features, in_features), same in by_shape.items():
         kept = min(out_features, max(1, PROBE_ELEMENTS // in_features))
         turns = [weight[first: first + kept] for weight in same for first in range(0, out_features - kept + 1, kept)]
-        probes.append(Probe((out_features, in_features), turns, len(same) * out_features / kept))
+        probes.append(Probe((out_features, in_features), turns, len(same) * out_features / kept, len(same)))
     return probes
+
+
+def measure_padding(probes: Sequence[Probe]) -> dict[Shape, float]:
+    """-> {weight shape: seconds a pass of the weights spends in what a padded kernel adds to its kernel}: the
+    zero rows padded onto the input, the cut and the reshape of the output. A few microseconds a call, but a
+    135M model's forward makes some 200 calls, as much as a padded route saves on the small weights."""
+    costs = {}
+    for probe in probes:
+        out = torch.empty(2, probe.shape[0], dtype=probe.turns[0].dtype, device=probe.turns[0].device)
+        wrapper = padded(lambda x, weight, bias: out, 2)  # the padding around a kernel that costs nothing
+        x = torch.randn(1, 1, probe.shape[1], dtype=out.dtype, device=out.device)
+        fastest = math.inf
+        for _ in range(PAD_TIMINGS):
+            began = time.perf_counter()
+            wrapper(x, probe.turns[0], None)
+            fastest = min(fastest, time.perf_counter() - began)
+        costs[probe.shape] = probe.calls * fastest
+    return costs
 
 
 def fastest_kernel(times: Mapping[str, float]) -> str:
@@ -234,7 +263,8 @@ def fastest_kernel(times: Mapping[str, float]) -> str:
     return best if times[best] <= (1 - MARGIN) * times["linear"] else "linear"
 
 
-def decide(weights: Sequence[torch.Tensor], measure: Measure = measure_kernels) -> RouteDecision:
+def decide(weights: Sequence[torch.Tensor], measure: Measure = measure_kernels,
+           measure_pad: Callable[[Sequence[Probe]], Mapping[Shape, float]] = measure_padding) -> RouteDecision:
     """Each row count and weight shape takes its fastest kernel: on one CPU a 1-row product ran fastest
     padded to 2 rows on the tall weights (the output head, the MLP's gate and up projections) and as F.linear on
     the others."""
@@ -246,25 +276,26 @@ def decide(weights: Sequence[torch.Tensor], measure: Measure = measure_kernels) 
             for weight in probe.turns:
                 weight.sum()
         seconds = {rows: measure(probes, rows) for rows in ROWS}
+        pad_seconds = dict(measure_pad(probes))
     kernels = {rows: {shape: fastest_kernel(times) for shape, times in by_shape.items()}
                for rows, by_shape in seconds.items()}
-    no_slower_than_more_rows(kernels, seconds)
-    return RouteDecision(kernels, seconds)
+    no_slower_than_more_rows(kernels, seconds, pad_seconds)
+    return RouteDecision(kernels, seconds, pad_seconds)
 
 
-def no_slower_than_more_rows(kernels: dict, seconds: Mapping) -> None:
+def no_slower_than_more_rows(kernels: dict, seconds: Mapping, pad_seconds: Mapping[Shape, float] | None = None) -> None:
     """A product of r rows can always run as one of more rows with zero rows added: where the kernel chosen for r
-    rows measured slower (by PAD_MARGIN) than what some larger row count takes for that shape, r rows run padded
-    to it. Else a
-    BLAS that is slow at 1 row (or at 3) leaves an AR step dearer than a verify of more tokens (v < 1), and every
-    speedup measured against that AR step inflated."""
+    rows measured slower (by PAD_MARGIN) than what some larger row count takes for that shape, the padding's own
+    cost (pad_seconds) included, r rows run padded to it. Else a BLAS that is slow at 1 row (or at 3) leaves an AR
+    step dearer than a verify of more tokens (v < 1), and every speedup measured against that AR step inflated."""
+    pad_seconds = pad_seconds or {}
     largest = max(seconds)
     for shape in seconds[largest]:
         best_name, best_time = kernels[largest][shape], seconds[largest][shape][kernels[largest][shape]]
         best_name = padded_name(best_name, largest)
         for rows in range(largest - 1, 0, -1):
             own = seconds[rows][shape][kernels[rows][shape]]
-            if own * (1 - PAD_MARGIN) > best_time:
+            if own * (1 - PAD_MARGIN) > best_time + pad_seconds.get(shape, 0.0):
                 kernels[rows][shape] = best_name
             else:
                 best_name, best_time = padded_name(kernels[rows][shape], rows), own
@@ -285,3 +316,130 @@ def skinny_route(weights: Sequence[torch.Tensor]) -> RouteDecision:
         log.info("matmul route on %s %s (%.2f s probe): %s", device, str(dtype).replace("torch.", ""),
                  time.perf_counter() - began, decision.describe())
     return _decided[key]
+
+
+# The whole 1-token forward, checked at load against the same step padded with a dummy token. Per-matmul routes
+# leave out what else a forward does (attention, norms, RoPE, the per-call overhead of some 250 small ops), and a
+# 1-token forward can still lose to a 2-token one there: on a Zen 3 EPYC (MKL) 1-row products took 37.7 ms of a
+# 1-token step's 52 ms at 32 cached tokens where the 2-row products of a 2-token step took 32.3 ms, and padding
+# each product to 2 rows costs 8-15 us a call (as much as that saves on the small weights); with more context the
+# second query's attention eats the gain. So the check times both at a short and a long context.
+#
+# The step runs padded where that measured at least STEP_PAD_MARGIN faster: a tie-break, not a hurdle. Padded,
+# the AR step is the forward a verify of 1 token runs, so it can cost no more than one (v(1) >= 1 but for noise),
+# and where the two were as fast padding on noise costs nothing; unpadded where the padded one was faster, an AR
+# step was measured dearer than a 2-token verify (v(1) = 0.93 and 0.94 at 32 tokens in two runs of the bench).
+STEP_PAD_MARGIN = 0.01
+STEP_PAD_CONTEXTS = (32, 512)  # cached positions the pairs are timed at (the cache holds zeros: only time counts)
+STEP_PAD_REPEATS = 11  # timed pairs at each context (after one warm-up pair each); their median ratios decide
+# fewer pairs (not under STEP_PAD_MIN_PAIRS) once the check has run this long: a 7B model's step takes seconds
+STEP_PAD_BUDGET_S = 4.0
+STEP_PAD_MIN_PAIRS = 3
+
+
+@dataclass(frozen=True)
+class StepPadding:
+    """Whether a runner's 1-token forward runs as a 2-token one whose second token is a dummy, and why.
+
+    ratios: per context timed, per pair, the padded step's time over the plain one's, the two run back to back
+    (in turns plain first and padded first), so that a burst of other work on the machine falls on both of a
+    pair. Between the contexts timed the median ratio is taken as linear in the context (the second query's
+    attention grows with it), below the shortest as at it, and beyond the longest as growing no slower than it
+    did. Empty when nothing was measured (CUDA, a small model): no padding; `always` forces one way.
+    """
+
+    contexts: tuple[int, ...] = ()
+    ratios: tuple[tuple[float, ...], ...] = ()
+    plain_s: tuple[float, ...] = ()  # per context: median seconds of the plain 1-token step
+    padded_s: tuple[float, ...] = ()  # per context: median seconds of the padded step
+    always: bool | None = None
+
+    @classmethod
+    def forced(cls, pad: bool) -> "StepPadding":
+        return cls(always=pad)
+
+    @property
+    def medians(self) -> tuple[float, ...]:
+        return tuple(statistics.median(ratios) for ratios in self.ratios)
+
+    def ratio_at(self, context: int) -> float:
+        """The padded step's time over the plain one's after `context` cached tokens (nan when unmeasured)."""
+        if not self.ratios:
+            return math.nan
+        medians, contexts = self.medians, self.contexts
+        if len(medians) == 1 or context <= contexts[0]:
+            return medians[0]
+        for (low, high), (at_low, at_high) in zip(zip(contexts, contexts[1:]), zip(medians, medians[1:])):
+            if context <= high:
+                return at_low + (at_high - at_low) * (context - low) / (high - low)
+        slope = max(0.0, (medians[-1] - medians[-2]) / (contexts[-1] - contexts[-2]))
+        return medians[-1] + slope * (context - contexts[-1])
+
+    def pads_at(self, context: int) -> bool:
+        """Whether the 1-token step after `context` cached tokens runs padded."""
+        if self.always is not None:
+            return self.always
+        return bool(self.ratios) and self.ratio_at(context) <= 1 - STEP_PAD_MARGIN
+
+    def summary(self) -> dict:
+        return {"forced": self.always, "contexts": list(self.contexts),
+                "pads_at": {str(context): self.pads_at(context) for context in self.contexts},
+                "ratio": [round(median, 4) for median in self.medians],
+                "ratios": [[round(r, 4) for r in ratios] for ratios in self.ratios],
+                "plain_ms": [round(1000 * s, 3) for s in self.plain_s],
+                "padded_ms": [round(1000 * s, 3) for s in self.padded_s]}
+
+    def _where(self) -> str:
+        """Where the step runs padded, in words."""
+        padded = [self.pads_at(context) for context in self.contexts]
+        if all(padded):
+            return "padded to 2 tokens"
+        if not any(padded):
+            return "1 token"
+        threshold = 1 - STEP_PAD_MARGIN
+        low, high = next((pair for pair in zip(self.contexts, self.contexts[1:])
+                          if self.pads_at(pair[0]) != self.pads_at(pair[1])))
+        at_low, at_high = self.ratio_at(low), self.ratio_at(high)
+        crossing = round(low + (threshold - at_low) * (high - low) / (at_high - at_low))
+        return f"padded to 2 tokens {'up to' if padded[0] else 'from'} {crossing} cached tokens"
+
+    def describe(self) -> str:
+        if self.always is not None:
+            return f"1-token step: {'padded to 2 tokens' if self.always else '1 token'} (forced)"
+        if not self.ratios:
+            return "1-token step: 1 token (unmeasured)"
+        timed = ", ".join(f"{median:.3f} at {context}" for median, context in zip(self.medians, self.contexts))
+        times = ", ".join(f"{1000 * plain:.1f} / {1000 * padded:.1f} ms at {context}"
+                          for plain, padded, context in zip(self.plain_s, self.padded_s, self.contexts))
+        return (f"1-token step: {self._where()} (padded/plain {timed} cached tokens, medians of "
+                f"{min(map(len, self.ratios))} pairs; {times})")
+
+
+def measure_step_padding(step: Callable[[bool, int], object], contexts: Sequence[int] = STEP_PAD_CONTEXTS,
+                         repeats: int = STEP_PAD_REPEATS, clock: Callable[[], float] = time.perf_counter,
+                         budget_s: float = STEP_PAD_BUDGET_S) -> StepPadding:
+    """step(padded, context) runs one 1-token forward after `context` cached tokens, padded or not. Each round
+    times a pair at every context (plain first in one round, padded first in the next), the first round warms
+    up, and the median of each context's ratios counts (StepPadding). Past budget_s seconds no further round
+    starts once STEP_PAD_MIN_PAIRS are timed."""
+    contexts = tuple(sorted(contexts))
+    ratios = {context: [] for context in contexts}
+    plain = {context: [] for context in contexts}
+    padded = {context: [] for context in contexts}
+    began_check = clock()
+    for repeat in range(repeats + 1):
+        if repeat > min(repeats, STEP_PAD_MIN_PAIRS) and clock() - began_check > budget_s:
+            break
+        for context in contexts:
+            seconds = {}
+            for pad in ((False, True) if repeat % 2 == 0 else (True, False)):
+                began = clock()
+                step(pad, context)
+                seconds[pad] = clock() - began
+            if repeat:
+                plain[context].append(seconds[False])
+                padded[context].append(seconds[True])
+                ratios[context].append(seconds[True] / seconds[False])
+    return StepPadding(contexts, tuple(tuple(ratios[c]) for c in contexts),
+                       tuple(statistics.median(plain[c]) for c in contexts),
+                       tuple(statistics.median(padded[c]) for c in contexts))

@@ -8,13 +8,19 @@ dominate the cost of a small model's decode step.
 
 from __future__ import annotations
 
+import logging
+import time
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from decode.cache import KVCache
-from decode.matmul_route import skinny_route
+from decode.matmul_route import (SMALL_MODEL_ELEMENTS, STEP_PAD_CONTEXTS, STEP_PAD_REPEATS, StepPadding,
+                                  measure_step_padding, skinny_route)
 from decode.runner import CausalLMRunner, kept_token_ids, positions_for, select_positions
+
+log = logging.getLogger(__name__)
 
 NATIVE_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn", "longrope")
@@ -49,6 +55,9 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
+_step_padding: dict[tuple, StepPadding] = {}
+
+
 class NativeLlamaRunner(CausalLMRunner):
     def __init__(self, model: nn.Module, vocab_size: int):
         reason = native_unsupported_reason(model)
@@ -78,10 +87,14 @@ class NativeLlamaRunner(CausalLMRunner):
         # layers whose input states a forward keeps in `captured` [B, T, len x H] (an EAGLE-3 head reads them)
         self.capture_layers: tuple[int, ...] = ()
         self.captured: torch.Tensor | None = None
-        self.skinny_route = skinny_route([self.head] + [
+        weights = [self.head] + [
             projection.weight for layer in self.layers for projection in (
                 layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-                layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)])
+                layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+        self.skinny_route = skinny_route(weights)
+        # whether a 1-token forward (an AR step, a draft step) runs padded with a dummy token: measured after the
+        # matmul route, on the whole forward
+        self.step_padding = self._decided_step_padding(weights)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """F.linear, through the kernel this machine measured fastest for x's row count and this weight's shape."""
@@ -106,8 +119,65 @@ class NativeLlamaRunner(CausalLMRunner):
     def free(self) -> None:
         self.cache = None
 
+    def _decided_step_padding(self, weights: list[torch.Tensor]) -> StepPadding:
+        """Measured once per process for a device, dtype and architecture; unmeasured (no padding) on CUDA and for
+        models under SMALL_MODEL_ELEMENTS weight elements, like the matmul route."""
+        if self.device.type != "cpu" or sum(weight.numel() for weight in weights) < SMALL_MODEL_ELEMENTS:
+            return StepPadding()
+        key = (str(self.device), self.dtype, tuple(tuple(weight.shape) for weight in weights), self.num_heads,
+               self.num_kv_heads, self.head_dim, hasattr(self.layers[0].self_attn, "q_norm"))
+        if key not in _step_padding:
+            began = time.perf_counter()
+            decision = _step_padding[key] = self.time_step_padding()
+            log.info("%d-layer model on %s %s (%.2f s check): %s", len(self.layers), self.device,
+                     str(self.dtype).replace("torch.", ""), time.perf_counter() - began, decision.describe())
+        return _step_padding[key]
+
+    def time_step_padding(self, repeats: int = STEP_PAD_REPEATS,
+                          contexts: tuple[int, ...] = STEP_PAD_CONTEXTS) -> StepPadding:
+        """Time the 1-token step plain and padded after each of `contexts` cached positions (zeros: only the time
+        counts), on a cache of its own (the runner's own cache is left as it was)."""
+        saved = self.cache
+        self.reset(1, max(contexts) + 2)
+        token = torch.zeros(1, 1, dtype=torch.long, device=self.device)
+        starts = {context: torch.tensor([context], device=self.device) for context in contexts}
+
+        def step(padded: bool, context: int) -> None:
+            if padded:
+                self._padded_step(token, starts[context], context + 1, None)
+            else:
+                self._forward(token, starts[context], context + 1, None)
+            if self.device.type == "cuda":  # the decoder never measures there, but a caller may
+                torch.cuda.synchronize(self.device)
+
+        try:
+            with torch.inference_mode():
+                return measure_step_padding(step, contexts, repeats)
+        finally:
+            self.cache, self.captured = saved, None
+
     @torch.inference_mode()
     def forward(self, tokens, start, kv_len, logits_at=None):
+        # kv_len - 1: the cached tokens the step attends to besides its own (at most; rows may trail)
+        if tokens.shape[1] == 1 and kv_len < self.cache.max_len and self.step_padding.pads_at(kv_len - 1):
+            return self._padded_step(tokens, start, kv_len, logits_at)
+        return self._forward(tokens, start, kv_len, logits_at)
+
+    def _padded_step(self, tokens, start, kv_len, logits_at):
+        """A 1-token forward run as a 2-token one, the token repeated as a dummy at the next position.
+
+        Exact: the real token attends to slots <= its own position, so never to the dummy's, and the dummy's keys
+        and values land in the slot after it, which the runner's contract leaves forgotten (positions >= start)
+        and the next forward overwrites. Only the real position goes through the output head.
+        """
+        if logits_at is None:
+            logits_at = torch.zeros(tokens.shape[0], 1, dtype=torch.long, device=tokens.device)
+        logits = self._forward(tokens.repeat(1, 2), start, kv_len + 1, logits_at)
+        if self.captured is not None:
+            self.captured = self.captured[:, :1]
+        return logits
+
+    def _forward(self, tokens, start, kv_len, logits_at=None):
         batch, length = tokens.shape
         positions = positions_for(start, length)  # [B, T]
         cos = self.cos[positions].unsqueeze(1)  # [B, 1, T, D]

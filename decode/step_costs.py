@@ -7,14 +7,16 @@
 Each step includes what the decoder does around the forward: the probabilities under the sampling
 settings and the draw (or, for a verify, the acceptance test and the resampled token). From a per-token
 acceptance a, a round of gamma yields 1 + a + ... + a^gamma tokens at the cost of gamma * c + v(gamma)
-AR steps.
+AR steps. A runner that runs its 1-token forward padded with a dummy token (decode/native.py, where that
+measured faster at load) is timed as it decodes: padded.
 """
 
 from __future__ import annotations
 
-import math
+import random
+import statistics
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import torch
@@ -24,6 +26,8 @@ from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams, probs_from_logits, sample
 from decode.speculative import SpeculativeDecoder, verify
 
+REPEATS = 5  # the eval's: a repetition of gamma 1..8 costs about 10 AR steps and the verifies
+
 
 @dataclass
 class StepCosts:
@@ -31,6 +35,10 @@ class StepCosts:
     target_step_s: float  # one AR step of the target: forward of 1 token + probs + sample
     draft_step_s: float  # one draft step: forward of 1 token + probs + sample
     verify_s: dict[int, float]  # gamma -> forward of gamma + 1 tokens + probs there + the verify() step
+    # when measured: the interquartile range of the paired ratios behind c ("c") and v(gamma) (gamma), and of the
+    # AR step's seconds ("target": a wide one says the machine was busy)
+    spread: dict[object, tuple[float, float]] = field(default_factory=dict)
+    repeats: int = 0  # timed repetitions behind the figures (0: not measured here)
 
     @property
     def c(self) -> float:
@@ -45,9 +53,14 @@ class StepCosts:
         return tokens_per_round / (gamma * self.c + self.v(gamma))
 
     def to_dict(self) -> dict:
-        return {"context": self.context, "target_step_ms": 1000 * self.target_step_s,
+        data = {"context": self.context, "target_step_ms": 1000 * self.target_step_s,
                 "draft_step_ms": 1000 * self.draft_step_s, "c": self.c,
                 "v": {str(gamma): self.v(gamma) for gamma in sorted(self.verify_s)}}
+        if self.spread:
+            data.update(repeats=self.repeats, target_step_ms_spread=[1000 * s for s in self.spread["target"]],
+                        c_spread=list(self.spread["c"]),
+                        v_spread={str(gamma): list(self.spread[gamma]) for gamma in sorted(self.verify_s)})
+        return data
 
 
 def synchronize(device: torch.device) -> None:
@@ -55,25 +68,50 @@ def synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-class _Timings:
-    """The fastest of the repeats per step.
+def interquartile(values: list[float]) -> tuple[float, float]:
+    if len(values) < 2:
+        return values[0], values[0]
+    quartiles = statistics.quantiles(values, n=4, method="inclusive")
+    return quartiles[0], quartiles[2]
 
-    The fastest, not the median: other work on the machine only ever adds time to a step, and on a shared
-    CPU it often delays most repetitions by a scheduler slice or more; the minimum is the step's own cost,
-    and ratios of minima stay put where ratios of medians move with the load.
+
+class _Timings:
+    """Each step's time next to the AR steps timed just before and after it.
+
+    A repetition times the AR step, then every other step (the draft step, each verify) in a shuffled order,
+    each followed by another AR step. A step's ratio to the AR step is its time over the mean of the two AR
+    steps around it: other work on a shared CPU slows a few hundred milliseconds of it at a time, so it falls
+    on a step and the AR steps next to it alike, and the ratio keeps still where two separate minima or
+    medians, taken seconds apart, move with the load. The figure is the median ratio over the repetitions.
     """
 
     def __init__(self, device: torch.device):
         self.device = device
-        self.fastest: dict[object, float] = {}
+        self.ratios: dict[object, list[float]] = {}
+        self.ar_seconds: list[float] = []
 
-    def time(self, key, step, counted: bool) -> None:
+    def _time(self, step) -> float:
         synchronize(self.device)
         began = time.perf_counter()
         step()
         synchronize(self.device)
+        return time.perf_counter() - began
+
+    def repetition(self, ar_step, steps: dict, order: list, counted: bool) -> None:
+        before = self._time(ar_step)
+        ar = [before]
+        for key in order:
+            seconds = self._time(steps[key])
+            after = self._time(ar_step)
+            ar.append(after)
+            if counted:
+                self.ratios.setdefault(key, []).append(2 * seconds / (before + after))
+            before = after
         if counted:
-            self.fastest[key] = min(self.fastest.get(key, math.inf), time.perf_counter() - began)
+            self.ar_seconds += ar
+
+    def median(self, key) -> float:
+        return statistics.median(self.ratios[key])
 
 
 def _prefill(runner: CausalLMRunner, tokens: torch.Tensor, length: int, capacity: int) -> None:
@@ -109,13 +147,19 @@ def _draft_forward(draft: CausalLMRunner | Eagle3Runner, tokens: torch.Tensor, s
 
 @torch.inference_mode()
 def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, context: int, max_gamma: int,
-                       repeats: int = 5) -> StepCosts:
+                       repeats: int = REPEATS) -> StepCosts:
     """Time the AR step, the draft step and verifies of gamma 1..max_gamma after `context` random tokens.
 
-    Every repetition times each step once, in turn, so noise from other work spreads over all of them; the
-    first repetition only warms up. The token at position `context` is the pending one every step feeds,
-    and tokens context + 1 .. context + gamma are the drafted ones a verify tests.
+    Each repetition times every step once, in an order shuffled per repetition, with an AR step before and
+    after each (_Timings); the first repetition only warms up. c and v(gamma) are the medians of the steps'
+    ratios to the AR steps around them, the AR step's time the median of all its timings (the draft step's
+    and the verifies' times follow from the ratios), and `spread` holds the ratios' interquartile ranges.
+    A repetition costs max_gamma + 2 AR steps besides the steps themselves. The token at position `context`
+    is the pending one every step feeds, and tokens context + 1 .. context + gamma are the drafted ones a
+    verify tests.
     """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
     target, draft, device = decoder.target, decoder.draft, decoder.device
     if draft is None:
         raise ValueError("step costs need a draft model")
@@ -125,6 +169,7 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
     generator = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, target.vocab_size, (1, capacity), device=device, generator=generator)
     start = torch.tensor([context], device=device)
+    shuffle = random.Random(0)
     try:
         _prefill(target, tokens, context, capacity)
         draft.reset(1, capacity)
@@ -139,16 +184,21 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
             verify(tokens[:, context + 1: context + gamma + 1], draft_probs[:, :gamma],
                    probs_from_logits(logits, sampling), generator)
 
+        steps = {"draft": partial(step, partial(_draft_forward, draft)),
+                 **{gamma: partial(verify_step, gamma) for gamma in range(1, max_gamma + 1)}}
         timings = _Timings(device)
         for repeat in range(repeats + 1):
-            timings.time("target", partial(step, target.forward), counted=repeat > 0)
-            timings.time("draft", partial(step, partial(_draft_forward, draft)), counted=repeat > 0)
-            for gamma in range(1, max_gamma + 1):
-                timings.time(gamma, partial(verify_step, gamma), counted=repeat > 0)
+            order = list(steps)
+            shuffle.shuffle(order)
+            timings.repetition(partial(step, target.forward), steps, order, counted=repeat > 0)
     finally:
         target.free()
         draft.free()
         target.capture_layers = ()
-    fastest = timings.fastest
-    return StepCosts(context=context, target_step_s=fastest["target"], draft_step_s=fastest["draft"],
-                     verify_s={gamma: fastest[gamma] for gamma in range(1, max_gamma + 1)})
+    ar = statistics.median(timings.ar_seconds)
+    return StepCosts(context=context, target_step_s=ar, draft_step_s=timings.median("draft") * ar,
+                     verify_s={gamma: timings.median(gamma) * ar for gamma in range(1, max_gamma + 1)},
+                     spread={"target": interquartile(timings.ar_seconds),
+                             **{"c" if key == "draft" else key: interquartile(ratios)
+                                for key, ratios in timings.ratios.items()}},
+                     repeats=repeats)

@@ -42,8 +42,14 @@ def test_the_report_carries_step_costs_v_of_gamma_and_the_route_decision():
     assert set(report["skinny_route"]) == {"target", "draft"} and "kernels" in report["skinny_route"]["target"]
     assert list(report["by_temperature"]["0.0"]) == ["ours_ar"]
     assert report["skipped"] == {}  # llama_cpp was not asked for
+    assert set(report["step_padding"]) == {"target", "draft"} and report["step_padding"]["target"]["pads_at"] == {}
+    assert costs["16"]["repeats"] == bench.COST_REPEATS and set(costs["16"]["v_spread"]) == {"1", "2", "3"}
+    low, high = costs["16"]["target_step_ms_spread"]
+    assert low <= costs["16"]["target_step_ms"] <= high
     table = format_table(report)
     assert "v(gamma) at 16 tokens: 1: " in table and "matmul route, target: " in table
+    assert "; 1-token step: 1 token (unmeasured)" in table  # the tiny models are too small to measure
+    assert f"medians over {bench.COST_REPEATS} repetitions" in table
 
 
 def test_a_verify_cheaper_than_an_ar_step_is_called_out():
@@ -54,6 +60,15 @@ def test_a_verify_cheaper_than_an_ar_step_is_called_out():
         in format_costs(report)
     report["step_costs"]["512"]["v"] = {"1": 1.02, "2": 1.11, "3": 1.2}
     assert "AR path is slow" not in format_costs(report)
+    report["step_costs"]["512"].update(repeats=9, v_spread={"1": [0.97, 1.04], "2": [1.1, 1.12], "3": [1.15, 1.3]})
+    assert "v(gamma) at 512 tokens: 1: 1.02 (0.97-1.04)  2: 1.11 (1.10-1.12)  3: 1.20 (1.15-1.30)" in format_costs(report)
+    report["step_costs"]["512"].update(target_step_ms_spread=[49.0, 52.5], c_spread=[0.19, 0.21])
+    assert "step cost at 512 tokens: target 50.0 ms (49.0-52.5), draft 10.0 ms, c = 0.200 (0.190-0.210)" \
+        in format_costs(report)
+    # a figure under 0.95 whose interquartile range reaches 1: the load may be what was measured
+    report["step_costs"]["512"]["v"]["1"], report["step_costs"]["512"]["v_spread"]["1"] = 0.93, [0.85, 1.04]
+    assert "for gamma 1 the interquartile range reaches 1, so other work on the machine may be what this measured" \
+        in format_costs(report)
     # at any context timed, not only the long one
     report["step_costs"]["32"] = {"target_step_ms": 50.0, "draft_step_ms": 10.0, "c": 0.2, "v": {"1": 0.94}}
     assert "at 32 tokens a verify of gamma + 1 tokens cost less than 95% of one AR step for gamma 1" \

@@ -1,6 +1,7 @@
 """Step costs on the tiny models: every step is timed, and the ratios and the predicted speedup follow from them."""
 
 import pytest
+import torch
 
 from decode.native import NativeLlamaRunner
 from decode.sampling import SamplingParams
@@ -44,12 +45,17 @@ def test_every_step_is_timed_after_the_context_and_the_caches_are_freed(decoder,
     timed = decoder.target.forwards[1:]  # after the prefill of the context
     assert decoder.target.forwards[0] == (12, 0)
     assert sorted(set(timed)) == [(1, 12), (2, 12), (3, 12), (4, 12), (5, 12)]
-    assert len(timed) == 3 * 5  # a warm-up round and 2 repeats of the AR step and 4 verifies
-    assert set(decoder.draft.forwards[1:]) == {(1, 12)}
+    # a warm-up round and 2 repeats: an AR step, then the draft step and 4 verifies, each followed by an AR step
+    assert len(timed) == 3 * (1 + 5 + 4)
+    assert timed.count((1, 12)) == 3 * 6 and all(timed[i] == (1, 12) for i in range(0, 30, 10))
+    assert len(decoder.draft.forwards) == 1 + 3 and set(decoder.draft.forwards[1:]) == {(1, 12)}
     assert not decoder.target.held and not decoder.draft.held
     data = costs.to_dict()
-    assert set(data) == {"context", "target_step_ms", "draft_step_ms", "c", "v"}
-    assert set(data["v"]) == {"1", "2", "3", "4"} and data["c"] == pytest.approx(costs.c)
+    assert set(data) == {"context", "target_step_ms", "draft_step_ms", "c", "v", "repeats", "target_step_ms_spread",
+                         "c_spread", "v_spread"}
+    assert set(data["v"]) == {"1", "2", "3", "4"} and data["c"] == pytest.approx(costs.c) and data["repeats"] == 2
+    assert all(low <= data["v"][gamma] <= high for gamma, (low, high) in data["v_spread"].items())
+    assert data["c_spread"][0] <= data["c"] <= data["c_spread"][1]
 
 
 def test_ratios_and_the_predicted_speedup_from_hand_computed_costs():
@@ -68,3 +74,44 @@ def test_a_decoder_without_a_draft_is_refused(target64, tokenizer):
     decoder = SpeculativeDecoder(NativeLlamaRunner(target64, len(tokenizer)), None, eos_token_ids=[])
     with pytest.raises(ValueError, match="need a draft"):
         measure_step_costs(decoder, SamplingParams(), context=4, max_gamma=2)
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
+def test_each_ratio_is_to_the_ar_steps_around_it_and_the_median_over_repetitions_counts(monkeypatch):
+    """The load doubles a whole repetition, and once it lands on one verify alone: neither moves the figures, and
+    the interquartile range shows the spread."""
+    from decode import step_costs
+
+    clock = FakeClock()
+    monkeypatch.setattr(step_costs, "time", clock)
+    load = {"factor": 1.0}
+
+    def costing(seconds, burst=None):
+        def step():
+            clock.now += seconds * load["factor"] * (3.0 if burst and burst() else 1.0)
+        return step
+
+    calls = {"verify": 0}
+
+    def burst():
+        calls["verify"] += 1
+        return calls["verify"] == 3
+
+    timings = step_costs._Timings(torch.device("cpu"))
+    steps = {"draft": costing(0.2), 1: costing(1.1, burst), 2: costing(1.3)}
+    for repeat in range(6):
+        load["factor"] = 2.0 if repeat == 2 else 1.0
+        timings.repetition(costing(1.0), steps, [2, "draft", 1][repeat % 3:] + [2, "draft", 1][: repeat % 3],
+                           counted=repeat > 0)
+    assert len(timings.ratios[1]) == 5 and len(timings.ar_seconds) == 5 * 4
+    assert timings.median(1) == pytest.approx(1.1) and timings.median(2) == pytest.approx(1.3)
+    assert timings.median("draft") == pytest.approx(0.2) and max(timings.ratios[1]) == pytest.approx(3.3)
+    assert step_costs.interquartile(timings.ratios[1]) == (pytest.approx(1.1), pytest.approx(1.1))
+    assert step_costs.interquartile([1.0, 2.0, 3.0, 4.0, 5.0]) == (2.0, 4.0)
