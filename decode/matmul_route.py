@@ -358,7 +358,7 @@ class StepPadding:
     def forced(cls, pad: bool) -> "StepPadding":
         return cls(always=pad)
 
-    @property
+    @functools.cached_property  # read by pads_at on every 1-token step
     def medians(self) -> tuple[float, ...]:
         return tuple(statistics.median(ratios) for ratios in self.ratios)
 
