@@ -1,7 +1,8 @@
 """The eval stage: acceptance inside the speculative decoder on held-out prompts, before and after training.
 
 Acceptance (alpha = accepted/drafted and per-token accepted/tested, with 95% intervals over prompts) is measured
-on eval.max_prompts held-out prompts decoded eval.batch_size at a time, at decode.gamma. The trained draft's
+on eval.max_prompts held-out prompts decoded eval.batch_size at a time, at decode.gamma (the untrained draft's on
+the first eval.untrained_prompts of them). The trained draft's
 step costs (c, v(gamma), decode/step_costs.py) are then timed, and with its per-token acceptance they give the
 recommended gamma. Speed is measured there on the first eval.speed_prompts prompts one request at a time,
 speculative and AR interleaved, next to the speedup those costs predict. The untrained draft is measured once
@@ -49,8 +50,9 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     before_file = ctx.run_dir / "eval_before.json"
     before = json.loads(before_file.read_text()) if before_file.is_file() else {}
     if before.get("key") != key:
-        before = {**measure(ctx.pair.decoder(), "untrained draft", prompt_ids, settings.batch_size, False, policy),
-                  "key": key}
+        before_prompt_ids = prompt_ids[: settings.untrained_prompts]
+        before = {**measure(ctx.pair.decoder(), "untrained draft", before_prompt_ids, settings.batch_size, False,
+                            policy), "key": key}
         if ctx.is_main_process:
             write_json(before_file, before)
     decoder = ctx.pair.decoder(ctx.load_trained_draft())

@@ -1,6 +1,7 @@
 """The eval stage on the tiny pair: what it reuses, what it never lets survive from an earlier run."""
 
 import json
+from dataclasses import asdict
 
 import pytest
 from accelerate import Accelerator
@@ -15,6 +16,7 @@ from decode.pair import load_pair
 from eval.config import EvalConfig
 from eval.stage import run_eval
 from train.config import LoggerConfig
+from train.pipeline import format_summary
 from train.tracking import Tracker
 
 
@@ -172,3 +174,22 @@ def test_intervals_over_prompts_see_the_spread_inside_a_batch():
     assert low < 0.5 < high and high - low > 0.2
     low, high = intervals["token_acceptance_interval"]
     assert low < 20 / 31 < high
+
+
+def test_the_untrained_draft_is_measured_on_the_first_untrained_prompts(ctx, pair, monkeypatch):
+    measured = []
+    real = eval.stage.decode_batches
+
+    def counted(decoders, prompt_ids, *args, description, **kwargs):
+        measured.append((description, prompt_ids))
+        return real(decoders, prompt_ids, *args, description=description, **kwargs)
+
+    monkeypatch.setattr(eval.stage, "decode_batches", counted)
+    prompts = pair.encode_chat(["first prompt", "second prompt", "third prompt"])
+    settings = EvalConfig(max_prompts=3, max_new_tokens=6, batch_size=2, untrained_prompts=1, speed_prompts=0)
+    result = run_eval(ctx, settings, DECODE, prompts, "draft")
+    assert [ids for description, ids in measured if "untrained" in description] == [prompts[:1]]
+    assert [ids for description, ids in measured if description == "eval trained draft"] == [prompts]
+    assert (result.before["prompts"], result.after["prompts"], result.prompts) == (1, 3, 3)
+    summary = format_summary({"domain": "code", "method": "distill", "eval": asdict(result)}, ctx.run_dir)
+    assert "held-out acceptance, 3 prompts (the untrained draft on the first 1), gamma 3" in summary

@@ -96,6 +96,7 @@ def test_running_without_a_domain_names_the_domains(compose_train, tmp_path):
     (["generate.autocast=half"], "generate.autocast must be one of"),
     (["method.loss=kl"], "method.loss 'kl' is not one of"),
     (["decode.top_p=0"], "decode: top_p must be in"),
+    (["eval.untrained_prompts=0"], "eval.untrained_prompts must be >= 1"),
 ])
 def test_impossible_settings_are_refused_before_work(compose_train, bad, message):
     with pytest.raises(ConfigError, match=message):

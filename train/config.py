@@ -37,10 +37,13 @@ class MethodConfig:
     lr: float = 2.0e-3
     weight_decay: float = 0.0
     warmup_steps: int = 10
-    epochs: int = 2
+    epochs: int = 4
     max_steps: Optional[int] = None  # overrides epochs
     micro_batch_size: int = 8
     gradient_accumulation: int = 1
+    # each step's sequences of similar length, so that less of a batch is padding (the steps still come in a
+    # random order): train/batching.py
+    group_by_length: bool = True
     max_length: int = 320  # tokens per training sequence (prompt + answer)
     max_grad_norm: float = 1.0
     train_embeddings: bool = True

@@ -73,6 +73,9 @@ def validate(config: TrainConfig) -> None:
     answer_source(config.generate)
     if config.eval.max_prompts < 1 or config.eval.batch_size < 1 or config.eval.max_new_tokens < 1:
         raise ConfigError("eval.max_prompts, eval.batch_size and eval.max_new_tokens must be >= 1")
+    if config.eval.untrained_prompts is not None and config.eval.untrained_prompts < 1:
+        raise ConfigError(f"eval.untrained_prompts must be >= 1 (null: all eval.max_prompts), got "
+                          f"{config.eval.untrained_prompts}")
 
 
 def run_directory(config: TrainConfig) -> Path:
@@ -168,7 +171,9 @@ def format_summary(summary: dict, run_dir: Path) -> str:
     evaluated = summary.get("eval")
     if evaluated:
         before, after = evaluated["before"], evaluated["after"]
-        lines += [f"held-out acceptance, {evaluated['prompts']} prompts, gamma {evaluated['gamma']}, "
+        untrained_on = "" if before.get("prompts", evaluated["prompts"]) == evaluated["prompts"] else \
+            f" (the untrained draft on the first {before['prompts']})"
+        lines += [f"held-out acceptance, {evaluated['prompts']} prompts{untrained_on}, gamma {evaluated['gamma']}, "
                   f"[95% interval over prompts]:",
                   f"  per-token acceptance = accepted/tested: {_number(before['token_acceptance'])} -> "
                   f"{_number(after['token_acceptance'])}{_interval(after['token_acceptance_interval'])}",

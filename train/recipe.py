@@ -44,6 +44,7 @@ from decode.sampling import SamplingParams, probs_from_logits
 from distill.data import Example, collate
 from distill.losses import LOSSES, coarse_grained, masked_sum
 from distill.on_policy import OnPolicySampler
+from train.batching import epoch_order
 from train.config import MethodConfig
 
 log = logging.getLogger(__name__)
@@ -145,6 +146,23 @@ def fill_parameters(module: nn.Module, state: dict) -> None:
         module.get_submodule(owner)._parameters[attribute] = filled[id(param)]
 
 
+def expected_acceptance(draft_logits: torch.Tensor, target_top_logprobs: torch.Tensor, target_top_ids: torch.Tensor,
+                        sampling: SamplingParams, kept_index: torch.Tensor | None = None) -> torch.Tensor:
+    """[B, T] sum over the target's recorded top-k tokens of min(p, q), both under `sampling`: the chance the
+    decoder accepts the draft's token there.
+
+    A pruned draft's logits [B, T, K] cover its kept tokens alone (kept_index maps a vocabulary id to its column,
+    -1 for the others): those others have q = 0, and top-k and top-p over the kept tokens give the very
+    distribution they give over the whole vocabulary with the others at -inf, at a sixth of the cost."""
+    target_probs = probs_from_logits(target_top_logprobs, sampling)
+    draft_probs = probs_from_logits(draft_logits, sampling)
+    if kept_index is None:
+        return torch.minimum(target_probs, draft_probs.gather(-1, target_top_ids)).sum(-1)
+    columns = kept_index[target_top_ids]
+    draft_top_probs = draft_probs.gather(-1, columns.clamp(min=0)) * (columns >= 0)
+    return torch.minimum(target_probs, draft_top_probs).sum(-1)
+
+
 class DistillationRecipe:
     def __init__(self, settings: MethodConfig, seed: int, draft, vocab_size: int, pad_token_id: int,
                  train_examples: list[Example], validation_examples: list[Example], checkpoint_dir: Path,
@@ -201,6 +219,7 @@ class DistillationRecipe:
         steps_per_epoch = math.ceil(len(train_examples) / self.offline_per_step)
         self.total_steps = settings.max_steps or settings.epochs * steps_per_epoch
         self.steps_per_epoch = steps_per_epoch
+        self._order_of_epoch: tuple[int, list[int]] = (-1, [])
         # sharded, the trained weights are gathered into an unsharded copy of the draft to be saved
         self.unsharded = meta_copy(draft) if self.sharded else None
         if self.sharded:
@@ -332,14 +351,20 @@ class DistillationRecipe:
     # ---- data order: a function of the step, so a resumed run sees the same batches ----------------
     def _micro_batches(self, step: int) -> list[dict]:
         epoch, index_in_epoch = divmod(step, self.steps_per_epoch)
-        order = torch.randperm(len(self.train_examples),
-                               generator=torch.Generator().manual_seed(self.seed * 1000 + epoch)).tolist()
+        order = self._epoch_order(epoch)
         begin = index_in_epoch * self.offline_per_step
         chosen = [self.train_examples[order[(begin + i) % len(order)]] for i in range(self.offline_per_step)]
         chosen += self._on_policy_examples(step)
         mine = chosen[self.accelerator.process_index:: self.accelerator.num_processes]
         size = self.settings.micro_batch_size
         return [self._to_device(self._collate(mine[at: at + size])) for at in range(0, len(mine), size)]
+
+    def _epoch_order(self, epoch: int) -> list[int]:
+        if self._order_of_epoch[0] != epoch:
+            lengths = [len(example.input_ids) for example in self.train_examples]
+            self._order_of_epoch = (epoch, epoch_order(lengths, self.offline_per_step, self.seed * 1000 + epoch,
+                                                       self.settings.group_by_length))
+        return self._order_of_epoch[1]
 
     def _collate(self, examples: list[Example]) -> dict:
         return collate(examples, self.pad_token_id)
@@ -402,12 +427,9 @@ class DistillationRecipe:
             with self.precision.autocast():
                 logits = self.draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                     use_cache=False).logits
-            if self.kept_ids is not None:
-                full = logits.new_full((*logits.shape[:-1], self.vocab_size), float("-inf"))
-                logits = full.index_copy_(-1, self.kept_ids, logits)
-            target_probs = probs_from_logits(batch["target_logprobs"], self.eval_sampling)
-            draft_probs = probs_from_logits(logits[..., : self.vocab_size], self.eval_sampling)
-            per_position = torch.minimum(target_probs, draft_probs.gather(-1, batch["target_ids"])).sum(-1)
+            per_position = expected_acceptance(logits if self.kept_index is not None else logits[..., : self.vocab_size],
+                                               batch["target_logprobs"], batch["target_ids"], self.eval_sampling,
+                                               self.kept_index)
             accepted += masked_sum(per_position, batch["loss_mask"]).item()
             positions += int(batch["loss_mask"].sum())
         self.draft.train()

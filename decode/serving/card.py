@@ -88,9 +88,9 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
         return [f"- not evaluated: this draft was exported without an eval of its own; gamma {gamma} is the "
                 f"configured decode.gamma (run stages=[eval,export] export.overwrite=true for measured figures)"]
     before, after = evaluated.before, evaluated.after
-    lines = [f"- held-out acceptance on {evaluated.prompts} {'prompts'} (speculative decoding at gamma "
+    lines = [f"- held-out acceptance on {evaluated.prompts} prompts (speculative decoding at gamma "
              f"{evaluated.gamma}; 95% intervals over prompts): per-token acceptance {_figure(before['token_acceptance'])}"
-             f" before training, {_figure(after['token_acceptance'])}{_interval(after['token_acceptance_interval'])} "
+             f" before training{_untrained_on(before, evaluated.prompts)}, {_figure(after['token_acceptance'])}{_interval(after['token_acceptance_interval'])} "
              f"after; alpha = accepted/drafted {_figure(before['alpha'])} -> {_figure(after['alpha'])}"
              f"{_interval(after['alpha_interval'])}"]
     if evaluated.step_costs:
@@ -103,6 +103,10 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
         lines.append(f"- speed at gamma {speed['gamma']}: {speed['speedup']:.2f}x our autoregressive decoding"
                      f"{_interval(speed['speedup_interval'], '.2f')} (predicted {_figure(speed['predicted_speedup'], '.2f')}x)")
     return lines
+
+
+def _untrained_on(before: dict, prompts: int) -> str:
+    return "" if before.get("prompts", prompts) == prompts else f" (on the first {before['prompts']} of them)"
 
 
 def _figure(value, spec=".3f") -> str:
