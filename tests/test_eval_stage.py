@@ -37,15 +37,21 @@ SETTINGS = EvalConfig(max_prompts=2, max_new_tokens=6, batch_size=2, compare_ar=
 DECODE = DecodeConfig(temperature=0.0, gamma=3, min_gamma=1)
 
 
-def test_the_untrained_draft_is_measured_again_when_the_prompts_change(ctx, pair, monkeypatch):
-    measured = []
+@pytest.fixture
+def measured(monkeypatch):
+    """(description, prompt ids) of every decode the eval stage runs."""
+    calls = []
     real = eval.stage.decode_batches
 
     def counted(decoders, prompt_ids, *args, description, **kwargs):
-        measured.append((description, prompt_ids))
+        calls.append((description, prompt_ids))
         return real(decoders, prompt_ids, *args, description=description, **kwargs)
 
     monkeypatch.setattr(eval.stage, "decode_batches", counted)
+    return calls
+
+
+def test_the_untrained_draft_is_measured_again_when_the_prompts_change(ctx, pair, measured):
     untrained = lambda: [ids for description, ids in measured if "untrained" in description]  # noqa: E731
     first_prompts = pair.encode_chat(["first prompt", "second prompt"])
     run_eval(ctx, SETTINGS, DECODE, first_prompts, "draft")
@@ -176,15 +182,7 @@ def test_intervals_over_prompts_see_the_spread_inside_a_batch():
     assert low < 20 / 31 < high
 
 
-def test_the_untrained_draft_is_measured_on_the_first_untrained_prompts(ctx, pair, monkeypatch):
-    measured = []
-    real = eval.stage.decode_batches
-
-    def counted(decoders, prompt_ids, *args, description, **kwargs):
-        measured.append((description, prompt_ids))
-        return real(decoders, prompt_ids, *args, description=description, **kwargs)
-
-    monkeypatch.setattr(eval.stage, "decode_batches", counted)
+def test_the_untrained_draft_is_measured_on_the_first_untrained_prompts(ctx, pair, measured):
     prompts = pair.encode_chat(["first prompt", "second prompt", "third prompt"])
     settings = EvalConfig(max_prompts=3, max_new_tokens=6, batch_size=2, untrained_prompts=1, speed_prompts=0)
     result = run_eval(ctx, settings, DECODE, prompts, "draft")
