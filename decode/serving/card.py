@@ -90,7 +90,8 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
     before, after = evaluated.before, evaluated.after
     lines = [f"- held-out acceptance on {evaluated.prompts} prompts (speculative decoding at gamma "
              f"{evaluated.gamma}; 95% intervals over prompts): per-token acceptance {_figure(before['token_acceptance'])}"
-             f" before training{_untrained_on(before, evaluated.prompts)}, {_figure(after['token_acceptance'])}{_interval(after['token_acceptance_interval'])} "
+             f" before training{_untrained_on(before, evaluated.prompts)}, {_figure(after['token_acceptance'])}"
+             f"{_interval(after['token_acceptance_interval'])} "
              f"after; alpha = accepted/drafted {_figure(before['alpha'])} -> {_figure(after['alpha'])}"
              f"{_interval(after['alpha_interval'])}"]
     if evaluated.step_costs:
