@@ -3,10 +3,10 @@
 Acceptance (alpha = accepted/drafted and per-token accepted/tested, with 95% intervals over prompts) is measured
 on eval.max_prompts held-out prompts decoded eval.batch_size at a time, at decode.gamma (the untrained draft's on
 the first eval.untrained_prompts of them). The trained draft's step costs (c, v(gamma), decode/step_costs.py) are
-then timed, and with its per-token acceptance they give the recommended gamma. Speed is measured there on the first eval.speed_prompts prompts one request at a time,
-speculative and AR interleaved, next to the speedup those costs predict. The untrained draft is measured once
-per run directory (eval_before.json) and reused while the prompts and settings are the same; everything else
-goes into the stage's record (results/eval.json).
+then timed, and with its per-token acceptance they give the recommended gamma. Speed is measured there on the
+first eval.speed_prompts prompts one request at a time, speculative and AR interleaved, next to the speedup those
+costs predict. The untrained draft is measured once per run directory (eval_before.json) and reused while the
+prompts and settings are the same; everything else goes into the stage's record (results/eval.json).
 """
 
 from __future__ import annotations
