@@ -24,7 +24,7 @@ from datasets import load_from_disk
 from transformers import AutoModelForCausalLM
 
 from decode.sampling import SamplingParams, probs_from_logits
-from distill.data import examples_from_records
+from distill.data import collate, examples_from_records
 from distill.losses import masked_sum
 from train.config import LoggerConfig, MethodConfig
 from train.recipe import DistillationRecipe
@@ -45,7 +45,7 @@ def full_vocabulary_validation(trainer: DistillationRecipe) -> float:
     """The validation figure with the draft's kept logits scattered into the whole vocabulary (others -inf)."""
     accepted, positions = 0.0, 0
     for at in range(0, len(trainer.validation_examples), trainer.settings.micro_batch_size):
-        batch = trainer._collate(trainer.validation_examples[at: at + trainer.settings.micro_batch_size])
+        batch = collate(trainer.validation_examples[at: at + trainer.settings.micro_batch_size], trainer.pad_token_id)
         kept_logits = trainer.draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                     use_cache=False).logits
         logits = kept_logits.new_full((*kept_logits.shape[:-1], trainer.vocab_size), float("-inf"))
