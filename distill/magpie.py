@@ -10,8 +10,10 @@ run writes them again and a finished one is reused), then split and read like a 
 mix (the general domain) takes domain.magpie_prompts of them as one more component that only ever trains
 (with_target_written_prompts).
 
-Also how diverse a prompt set is (distinct n-grams, nearest-neighbour similarity), to compare target-written
-prompts with template-made ones: scripts/prompt_diversity.py.
+Also documents to summarize, written the same way under DOCUMENT_SYSTEM_PROMPT and put after the shipped
+summarization instructions (scripts/target_documents.py), and how diverse a prompt set is (distinct n-grams,
+nearest-neighbour similarity), to compare target-written prompts with template-made ones:
+scripts/prompt_diversity.py.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import hashlib
 import json
 import logging
 import math
+import random
 import re
 import zlib
 from collections import Counter
@@ -34,8 +37,8 @@ from decode.models import cache_root
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
 from distill.config import DomainConfig, check_magpie_settings
-from distill.data import (MAGPIE_COMPONENT, DomainPrompts, component_share, load_domain_prompts, normal_form,
-                          read_jsonl_prompts, with_train_component)
+from distill.data import (MAGPIE_COMPONENT, DomainPrompts, component_share, load_domain_prompts, load_prompts,
+                          normal_form, read_jsonl_prompts, with_train_component)
 from distill.generate import answer_prompts
 
 log = logging.getLogger(__name__)
@@ -165,6 +168,29 @@ def with_target_written_prompts(domain_cfg: DomainConfig, prompts: DomainPrompts
         domain_cfg = replace(domain_cfg, magpie_prompts=component_share(domain_cfg, max_train_prompts))
     path = write_target_prompts(domain_cfg, pair, target_fingerprint, seed, batch_size, accelerator)
     return with_train_component(prompts, MAGPIE_COMPONENT, read_jsonl_prompts(path))
+
+
+# Documents to summarize --------------------------------------------------------------------------------------
+
+DOCUMENT_SYSTEM_PROMPT = ("You are a helpful assistant. The user pastes a news article, a story, a report or a letter "
+                          "and asks you to summarize it.")
+
+
+def summarization_instructions(split: str) -> list[str]:
+    """The instructions of the shipped summarization prompts of one split (each prompt is an instruction, a blank
+    line and the passage), sorted: the splits share none, as they share no template."""
+    return sorted({prompt.text.split("\n\n", 1)[0] for prompt in load_prompts("summarization", split)})
+
+
+def documents_to_summarize(documents: list[str], instructions: list[str], seed: int,
+                           id_prefix: str = "document") -> list[dict]:
+    """Summarization prompts over documents (the target's own, written under DOCUMENT_SYSTEM_PROMPT): each is an
+    instruction drawn under the seed, a blank line and the document, as JSONL rows {"id", "prompt", "domain"}."""
+    if not instructions:
+        raise PromptError("no instructions to wrap the documents in")
+    rng = random.Random(seed)
+    return [{"id": f"{id_prefix}-{index:04d}", "prompt": f"{rng.choice(instructions)}\n\n{document}",
+             "domain": "summarization"} for index, document in enumerate(documents)]
 
 
 # Diversity --------------------------------------------------------------------------------------------------

@@ -17,8 +17,9 @@ from decode.sampling import SamplingParams
 from decode.tiny import tiny_llama, tiny_tokenizer
 from distill.config import DomainConfig
 from distill.data import load_domain_prompts
-from distill.magpie import (check_magpie_settings, distinct_n, magpie_domain_prompts, nearest_neighbour_similarity,
-                            pre_query_template, prompt_diversity, target_written_prompts)
+from distill.magpie import (DOCUMENT_SYSTEM_PROMPT, check_magpie_settings, distinct_n, documents_to_summarize,
+                            magpie_domain_prompts, nearest_neighbour_similarity, pre_query_template, prompt_diversity,
+                            summarization_instructions, target_written_prompts)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -220,3 +221,55 @@ def test_a_run_trains_on_prompts_the_target_wrote(tmp_path):
     texts = [json.loads(line)["prompt"] for line in written.read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())
     assert 8 <= len(texts) <= 24 and summary["generate"]["train_answers"] >= 1 and summary["train"]["steps"] == 3
+
+
+def test_summarization_instructions_of_the_splits_are_disjoint_and_shipped():
+    train, validation = summarization_instructions("train"), summarization_instructions("validation")
+    assert len(train) >= 5 and len(validation) >= 2
+    assert not set(train) & set(validation)
+    shipped_train = [prompt.text for prompt in load_domain_prompts(DomainConfig(name="summarization")).train]
+    assert all(any(text.startswith(f"{instruction}\n\n") for text in shipped_train) for instruction in train)
+
+
+def test_documents_are_wrapped_in_the_instructions_drawn_under_the_seed():
+    documents = [f"Document {i}: the council of Elmwood met on day {i}." for i in range(40)]
+    instructions = ["Summarize this:", "Give the gist of:", "What is the main idea?"]
+    rows = documents_to_summarize(documents, instructions, seed=0)
+    assert rows == documents_to_summarize(documents, instructions, seed=0)
+    assert [row["prompt"] for row in rows] != [row["prompt"] for row in documents_to_summarize(documents,
+                                                                                                 instructions, seed=1)]
+    assert [row["id"] for row in rows[:2]] == ["document-0000", "document-0001"]
+    for row, document in zip(rows, documents):
+        instruction, passage = row["prompt"].split("\n\n", 1)
+        assert instruction in instructions and passage == document and row["domain"] == "summarization"
+    assert {row["prompt"].split("\n\n", 1)[0] for row in rows} == set(instructions)
+    with pytest.raises(PromptError, match="no instructions"):
+        documents_to_summarize(documents, [], seed=0)
+
+
+def test_the_documents_script_writes_training_and_validation_prompts_apart(tmp_path, monkeypatch):
+    spec = importlib.util.spec_from_file_location("target_documents", ROOT / "scripts" / "target_documents.py")
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    asked = {}
+
+    def written(runner, tokenizer, eos_token_ids, count, seed, system_prompt, max_prompt_tokens, batch_size):
+        asked.update(count=count, seed=seed, system_prompt=system_prompt, max_prompt_tokens=max_prompt_tokens)
+        return [f"Report {i} from the harbour of Tallin." for i in range(count)]
+
+    monkeypatch.setattr(script, "load_pair", lambda target, draft: SimpleNamespace(
+        target_runner=lambda: None, tokenizer=None, eos_token_ids=[0]))
+    monkeypatch.setattr(script, "target_written_prompts", written)
+    script.main([str(tmp_path), "--train", "6", "--validation", "3", "--max-tokens", "99", "--seed", "4"])
+    assert asked == {"count": 9, "seed": 4, "system_prompt": DOCUMENT_SYSTEM_PROMPT, "max_prompt_tokens": 99}
+    train, validation = ([json.loads(line) for line in (tmp_path / name).read_text().splitlines()]
+                         for name in ("train.jsonl", "validation.jsonl"))
+    assert [row["prompt"].split("\n\n", 1)[1] for row in train] == [f"Report {i} from the harbour of Tallin."
+                                                                    for i in range(6)]
+    assert [row["prompt"].split("\n\n", 1)[1] for row in validation] == [f"Report {i} from the harbour of Tallin."
+                                                                         for i in range(6, 9)]
+    assert {row["prompt"].split("\n\n", 1)[0] for row in train} <= set(summarization_instructions("train"))
+    assert {row["prompt"].split("\n\n", 1)[0] for row in validation} <= set(summarization_instructions("validation"))
+    # a training prompt file for domain.extra_prompts, a validation one for eval.prompts
+    assert load_domain_prompts(DomainConfig(name="summarization", extra_prompts=str(tmp_path / "train.jsonl"))) \
+        .train[0].text == train[0]["prompt"]
