@@ -17,7 +17,7 @@ from decode.errors import ConfigError, TrainingDiverged
 from decode.models import ModelSpec
 from decode.pair import ModelPair, load_pair
 from decode.results import TrainResult, load_result, save_result
-from decode.sampling import SamplingParams
+from decode.sampling import SamplingParams, probs_from_logits
 from distill.config import DomainConfig, GenerateConfig
 from distill.data import DomainPrompts, Prompt, examples_from_records
 from distill.eagle3_features import capture_hidden_states, collate_with_target_hidden
@@ -159,6 +159,34 @@ def test_three_steps_decrease_the_unrolled_loss(pair, featured_examples, tmp_pat
     assert recipe.step == 3
     assert fixed_batch_loss(recipe, featured_examples) < before
     assert len(recipe.step_acceptance) == 3 and all(0 <= a <= 1 for a in recipe.step_acceptance)
+
+
+@torch.no_grad()
+def whole_vocabulary_acceptance(recipe, examples) -> list[float]:
+    """Each draft step's mean sum of min(p, q), the head's logits first scattered into the whole vocabulary."""
+    head = recipe.accelerator.unwrap_model(recipe.draft).head
+    batch = collate_with_target_hidden(examples, 0)
+    length = batch["input_ids"].shape[1]
+    figures = []
+    for step, draft_logits in enumerate(recipe._step_logits(batch)):
+        shift = step + 1
+        full = head.full_vocab_logits(draft_logits[:, : length - shift].float())[..., : recipe.vocab_size]
+        target_probs = probs_from_logits(batch["target_logprobs"][:, shift:], recipe.eval_sampling)
+        draft_probs = probs_from_logits(full, recipe.eval_sampling).gather(-1, batch["target_ids"][:, shift:])
+        mask = batch["loss_mask"][:, shift:]
+        figures.append((masked_sum(torch.minimum(target_probs, draft_probs).sum(-1), mask) / mask.sum()).item())
+    return figures
+
+
+@pytest.mark.parametrize("pruned", [False, True])
+def test_validation_on_the_heads_columns_equals_the_whole_vocabulary_figure(pair, featured_examples, tmp_path,
+                                                                            pruned):
+    kept = sorted(set(pair.eos_token_ids) | set(range(0, pair.vocab_size, 3))) if pruned else None
+    recipe = make_recipe(pair, featured_examples, tmp_path, head=fresh_head(pair, kept), micro_batch_size=8)
+    recipe.validation_acceptance()
+    expected = whole_vocabulary_acceptance(recipe, recipe.validation_examples)
+    assert recipe.step_acceptance == pytest.approx(expected, rel=1e-5, abs=1e-7)
+    assert min(expected) > 0
 
 
 def test_a_resumed_run_ends_with_the_head_of_an_uninterrupted_one(pair, featured_examples, tmp_path):

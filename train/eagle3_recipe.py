@@ -18,11 +18,10 @@ from torch import nn
 
 from decode.eagle3.head import Eagle3Head
 from decode.precision import cpu_bf16_speedup
-from decode.sampling import probs_from_logits
 from distill.eagle3_features import FeaturedExample, collate_with_target_hidden
 from distill.losses import coarse_grained, masked_sum
 from train.config import MethodConfig
-from train.recipe import PROBE_BATCH, DistillationRecipe
+from train.recipe import PROBE_BATCH, DistillationRecipe, expected_acceptance
 
 
 def unrolled_draft_logits(head: Eagle3Head, target_embeddings: torch.Tensor, input_ids: torch.Tensor,
@@ -173,12 +172,23 @@ class Eagle3Recipe(DistillationRecipe):
     def _collate(self, examples: list[FeaturedExample]) -> dict:
         return collate_with_target_hidden(examples, self.pad_token_id)
 
+    def _kept_columns(self, head: Eagle3Head) -> tuple[torch.Tensor, torch.Tensor]:
+        """(a vocabulary id -> its column of the head's logits, -1 for a token outside the draft vocabulary; a mask
+        of the columns whose ids lie past the tokenizer's vocabulary: the decoder never samples those, so they leave
+        the softmax). Scoring the head's own columns spares scattering them into the whole vocabulary first."""
+        columns = head.draft_token_ids
+        kept_index = torch.full((self.vocab_size,), -1, dtype=torch.long, device=columns.device)
+        in_vocab = columns < self.vocab_size
+        kept_index[columns[in_vocab]] = torch.arange(len(columns), device=columns.device)[in_vocab]
+        return kept_index, ~in_vocab
+
     @torch.no_grad()
     def validation_acceptance(self) -> float:
         """The first draft step's mean sum_x min(p, q) over the validation answer positions, under the decoder's
         sampling settings (as the base class defines it); every step's figure is logged and kept."""
         self.draft.eval()
         head = self.accelerator.unwrap_model(self.draft).head  # for its vocabulary map (buffers, never sharded)
+        kept_index, outside_vocab = self._kept_columns(head)
         steps = self.settings.ttt_steps
         accepted = torch.zeros(steps, dtype=torch.float64, device=self.accelerator.device)
         positions = torch.zeros_like(accepted)
@@ -188,10 +198,9 @@ class Eagle3Recipe(DistillationRecipe):
             length = batch["input_ids"].shape[1]
             for step, draft_logits in enumerate(self._step_logits(batch)[: length - 1]):
                 shift = step + 1
-                full = head.full_vocab_logits(draft_logits[:, : length - shift].float())[..., : self.vocab_size]
-                target_probs = probs_from_logits(batch["target_logprobs"][:, shift:], self.eval_sampling)
-                draft_probs = probs_from_logits(full, self.eval_sampling).gather(-1, batch["target_ids"][:, shift:])
-                per_position = torch.minimum(target_probs, draft_probs).sum(-1)
+                kept_logits = draft_logits[:, : length - shift].float().masked_fill(outside_vocab, float("-inf"))
+                per_position = expected_acceptance(kept_logits, batch["target_logprobs"][:, shift:],
+                                                   batch["target_ids"][:, shift:], self.eval_sampling, kept_index)
                 accepted[step] += masked_sum(per_position, batch["loss_mask"][:, shift:])
                 positions[step] += batch["loss_mask"][:, shift:].sum()
         self.draft.train()
