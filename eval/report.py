@@ -309,10 +309,16 @@ def table_rows(report: dict) -> tuple[list[str], list[list]]:
     return TABLE_COLUMNS, rows
 
 
-def winner_line(name: str, label: str, draft: dict) -> str:
-    figures = draft["overall"] if name == ALL_DOMAINS else draft["domains"][name]
-    return (f"- {name}: `{label}` (speedup {_number(figures['speedup'], '.2f')}, "
-            f"alpha {_number(figures['alpha'], '.3f')})")
+def winner_lines(report: dict) -> list[str]:
+    """The winners' heading and lines; an acceptance-only run (AR not decoded) ranks and says alpha alone."""
+    chosen = [(name, report["drafts"][label]["overall"] if name == ALL_DOMAINS
+               else report["drafts"][label]["domains"][name], label) for name, label in report["winners"].items()]
+    timed = any(figures["speedup"] is not None for _, figures, _ in chosen)
+    lines = ["## Winner (by speedup, ties by alpha)" if timed else "## Winner (by alpha: AR was not decoded)", ""]
+    for name, figures, label in chosen:
+        speedup = f"speedup {_number(figures['speedup'], '.2f')}, " if timed else ""
+        lines.append(f"- {name}: `{label}` ({speedup}alpha {_number(figures['alpha'], '.3f')})")
+    return lines
 
 
 def format_markdown(report: dict) -> str:
@@ -344,8 +350,7 @@ def format_markdown(report: dict) -> str:
                 f"{name}: " + ", ".join(f"{engine} {rate:.1f}" for engine, rate in measured["tokens_per_s"].items())
                 for name, measured in baseline_rows)]
     if "winners" in report:
-        lines += ["", "## Winner (by speedup, ties by alpha)", ""]
-        lines += [winner_line(name, label, report["drafts"][label]) for name, label in report["winners"].items()]
+        lines += ["", *winner_lines(report)]
     lines += ["", "## Advice", ""]
     lines += [f"- {line}" for line in report["advice"]] or ["- none: the figures call for nothing"]
     return "\n".join(lines) + "\n"

@@ -23,7 +23,7 @@ from eval.config import ReportConfig
 from decode.step_costs import StepCosts
 from eval.acceptance import Decodes, bootstrap_interval, ratio_of_sums
 from eval.report import (ALL_DOMAINS, TABLE_COLUMNS, Draft, build_report, draft_figures, evaluate, format_markdown,
-                         load_drafts, table_rows, winner)
+                         load_drafts, table_rows, winner, winner_lines)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
@@ -108,6 +108,21 @@ def test_the_winner_has_the_highest_speedup_and_ties_go_to_alpha():
     figures["large"]["speedup"] = 1.4
     assert winner(figures) == "large"
     assert winner({"a": {"speedup": None, "alpha": 0.3}, "b": {"speedup": None, "alpha": 0.6}}) == "b"
+
+
+def test_the_winner_lines_say_speedup_only_where_ar_was_decoded():
+    def report(speedups):
+        drafts = {label: {"domains": {"code": {"speedup": speedup, "alpha": alpha}},
+                          "overall": {"speedup": speedup, "alpha": alpha}}
+                  for label, speedup, alpha in zip(("a", "b"), speedups, (0.3, 0.6))}
+        return {"drafts": drafts, "winners": {"code": "b", ALL_DOMAINS: "b"}}
+
+    assert winner_lines(report([None, None])) == [
+        "## Winner (by alpha: AR was not decoded)", "", "- code: `b` (alpha 0.600)",
+        f"- {ALL_DOMAINS}: `b` (alpha 0.600)"]
+    assert winner_lines(report([1.1, 1.25])) == [
+        "## Winner (by speedup, ties by alpha)", "", "- code: `b` (speedup 1.25, alpha 0.600)",
+        f"- {ALL_DOMAINS}: `b` (speedup 1.25, alpha 0.600)"]
 
 
 def test_domain_counts_add_up_to_the_pooled_counts(comparison):
