@@ -11,8 +11,8 @@ are dropped. Each document is put after one of the shipped summarization instruc
 after the training split's instructions, the validation ones after the validation split's, so that the two share
 neither document nor instruction. The shipped summarization passages are Python documentation and everyday
 paragraphs; these are the target's own prose, full of names, nearer to the articles users paste. Writing them is
-the slow part (on 2 CPU cores, 240 documents of up to 320 tokens took 30 minutes), so they are written once into
-OUT_DIR and reused.
+the slow part (on 2 CPU cores, 240 documents of up to 320 tokens took 30 minutes): write them once and point runs
+at the files. The same target, seed and settings write the same documents.
 """
 
 from __future__ import annotations
@@ -39,10 +39,10 @@ def write_jsonl(path: Path, rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", type=Path, help="where train.jsonl and validation.jsonl are written")
-    parser.add_argument("--target", default=DEFAULT_TARGET, help="the target: an HF id, a local path or a GGUF")
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="the target, as pair.target.path takes it")
     parser.add_argument("--train", type=int, default=200, help="training documents")
     parser.add_argument("--validation", type=int, default=40, help="validation documents")
-    parser.add_argument("--max-tokens", type=int, default=320, help="the longest document kept, in tokens")
+    parser.add_argument("--max-tokens", type=int, default=320, help="the longest document kept, in tokens; a longer one is dropped")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=int, default=32)
     args = parser.parse_args(argv)
@@ -56,6 +56,9 @@ def main(argv: list[str] | None = None) -> None:
                                        args.train + args.validation, args.seed, DOCUMENT_SYSTEM_PROMPT,
                                        args.max_tokens, batch_size=args.batch_size)
     train, validation = documents[: args.train], documents[args.train:]
+    if len(validation) < args.validation:
+        print(f"the target wrote {len(documents)} usable documents of the {args.train + args.validation} asked for: "
+              f"validation gets {len(validation)} (raise --max-tokens or lower --train)")
     args.out_dir.mkdir(parents=True, exist_ok=True)
     write_jsonl(args.out_dir / "train.jsonl", documents_to_summarize(
         train, summarization_instructions("train"), args.seed, "document"))

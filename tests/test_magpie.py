@@ -247,7 +247,7 @@ def test_documents_are_wrapped_in_the_instructions_drawn_under_the_seed():
         documents_to_summarize(documents, [], seed=0)
 
 
-def test_the_documents_script_writes_training_and_validation_prompts_apart(tmp_path, monkeypatch):
+def test_the_documents_script_writes_training_and_validation_prompts_apart(tmp_path, monkeypatch, capsys):
     spec = importlib.util.spec_from_file_location("target_documents", ROOT / "scripts" / "target_documents.py")
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
@@ -273,3 +273,8 @@ def test_the_documents_script_writes_training_and_validation_prompts_apart(tmp_p
     # a training prompt file for domain.extra_prompts, a validation one for eval.prompts
     assert load_domain_prompts(DomainConfig(name="summarization", extra_prompts=str(tmp_path / "train.jsonl"))) \
         .train[0].text == train[0]["prompt"]
+    assert "validation gets" not in capsys.readouterr().out
+    monkeypatch.setattr(script, "target_written_prompts", lambda *args, **kwargs: written(*args, **kwargs)[:7])
+    script.main([str(tmp_path / "short"), "--train", "6", "--validation", "3"])
+    assert "the target wrote 7 usable documents of the 9 asked for: validation gets 1" in \
+        capsys.readouterr().out
