@@ -70,6 +70,11 @@ def write_text(path: Path, text: str) -> None:
         staging.write_text(text, encoding="utf-8")
 
 
+def write_jsonl(path: Path, rows) -> None:
+    """One JSON object a line, published whole."""
+    write_text(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
+
+
 def write_json(path: Path, data) -> None:
     write_text(path, json.dumps(data, indent=2, default=str) + "\n")
 

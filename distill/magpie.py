@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from decode.errors import PairError, PromptError
-from decode.files import published
+from decode.files import write_jsonl
 from decode.models import cache_root
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
@@ -135,9 +135,7 @@ def write_target_prompts(domain_cfg: DomainConfig, pair, target_fingerprint: str
         texts = target_written_prompts(pair.target_runner(), pair.tokenizer, pair.eos_token_ids,
                                        domain_cfg.magpie_prompts, seed, domain_cfg.system_prompt,
                                        domain_cfg.magpie_max_prompt_tokens, sampling, batch_size)
-        with published(path) as staging:
-            staging.write_text("".join(json.dumps({"id": f"magpie-{index:05d}", "prompt": text}) + "\n"
-                                       for index, text in enumerate(texts)), encoding="utf-8")
+        write_jsonl(path, ({"id": f"magpie-{index:05d}", "prompt": text} for index, text in enumerate(texts)))
         log.info("target-written prompts: %s", path)
     if accelerator is not None:
         accelerator.wait_for_everyone()

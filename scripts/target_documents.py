@@ -18,22 +18,16 @@ at the files. The same target, seed and settings write the same documents.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import time
 from pathlib import Path
 
 from decode.config import DEFAULT_TARGET
-from decode.files import published
+from decode.files import write_jsonl
 from decode.models import ModelSpec
 from decode.pair import load_pair
 from distill.magpie import (DOCUMENT_SYSTEM_PROMPT, documents_to_summarize, summarization_instructions,
                             target_written_prompts)
-
-
-def write_jsonl(path: Path, rows: list[dict]) -> None:
-    with published(path) as staging:
-        staging.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -14,7 +14,6 @@ reload fails, `current` points at the champion again.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Callable, Optional
 import numpy as np
 
 from decode.errors import ConfigError
-from decode.files import point_symlink, write_text
+from decode.files import point_symlink, write_jsonl
 from eval.acceptance import bootstrap_interval
 from eval.config import ReportConfig
 from eval.monitor.config import MonitorConfig, PromotionConfig
@@ -92,13 +91,11 @@ def write_traffic(directory: Path, train: list[str], gate: dict[str, list[str]])
     same data)."""
     directory.mkdir(parents=True, exist_ok=True)
     if not (directory / TRAIN_PROMPTS).exists():
-        write_text(directory / TRAIN_PROMPTS,
-                   "".join(json.dumps({"id": f"traffic-{index}", "prompt": text}) + "\n"
-                           for index, text in enumerate(train)))
+        write_jsonl(directory / TRAIN_PROMPTS,
+                    ({"id": f"traffic-{index}", "prompt": text} for index, text in enumerate(train)))
     if not (directory / GATE_PROMPTS).exists():
-        write_text(directory / GATE_PROMPTS,
-                   "".join(json.dumps({"domain": domain, "prompt": text}) + "\n"
-                           for domain, texts in gate.items() for text in texts))
+        write_jsonl(directory / GATE_PROMPTS,
+                    ({"domain": domain, "prompt": text} for domain, texts in gate.items() for text in texts))
 
 
 def served_draft(export: Path) -> Path:
