@@ -24,6 +24,9 @@ class DecodeConfig:
     dynamic_gamma: bool = False  # grow after a fully accepted round, shrink after an early rejection
     min_gamma: int = 2
     max_gamma: int = 8
+    # n > 0: a draft position whose last n tokens occurred earlier in the context proposes the token that
+    # followed them (q = 1 on it) instead of the draft's sample; exact either way (decode/lookup.py)
+    copy_ngram: int = 0
 
     def sampling(self, temperature: Optional[float] = None) -> SamplingParams:
         try:
@@ -36,7 +39,8 @@ class DecodeConfig:
         dynamic = self.dynamic_gamma if dynamic is None else dynamic
         gamma = min(max(self.gamma, self.min_gamma), self.max_gamma) if dynamic else self.gamma
         try:
-            return GammaPolicy(gamma=gamma, dynamic=dynamic, min_gamma=self.min_gamma, max_gamma=self.max_gamma)
+            return GammaPolicy(gamma=gamma, dynamic=dynamic, min_gamma=self.min_gamma, max_gamma=self.max_gamma,
+                               copy_ngram=self.copy_ngram)
         except ValueError as error:
             raise ConfigError(f"decode: {error}") from None
 

@@ -27,6 +27,7 @@ class DecodeMetrics:
     drafted: int = 0
     accepted: int = 0
     rejected: int = 0  # row-rounds whose acceptance test failed among the proposed tokens
+    copied: int = 0  # drafted tokens that were context copies (decode/lookup.py), not the draft's samples
     drafted_per_position: list[int] = field(default_factory=list)
     accepted_per_position: list[int] = field(default_factory=list)
     rounds_per_gamma: list[int] = field(default_factory=list)  # row-rounds at each policy gamma (AR steps at 0)

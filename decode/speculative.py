@@ -5,7 +5,9 @@ One round for every unfinished row: the draft proposes gamma tokens x_1..x_g
 target scores all of them in one forward (p at g + 1 positions), x_i is
 accepted with probability min(1, p(x_i) / q(x_i)), the first rejected position
 is resampled from norm(max(0, p - q)), and when all g are accepted a bonus
-token is drawn from the target's last distribution. Rows
+token is drawn from the target's last distribution. With context copies on
+(GammaPolicy.copy_ngram, decode/lookup.py) a position whose last n tokens occurred
+before proposes the token that followed them, with q a point mass on it. Rows
 advance by their own accepted counts; the caches roll back by logical length.
 
 Cache invariants between rounds, per row, with `length` tokens known:
@@ -27,6 +29,7 @@ from typing import Sequence
 import torch
 
 from decode.eagle3.runner import Eagle3Runner
+from decode.lookup import copy_proposals
 from decode.metrics import DecodeMetrics, PhaseTimer
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams, probs_from_logits, sample
@@ -69,21 +72,26 @@ def verify(draft_tokens: torch.Tensor, draft_probs: torch.Tensor, target_probs: 
 
 @dataclass(frozen=True)
 class GammaPolicy:
-    """How many tokens the draft proposes per round.
+    """How many tokens the draft proposes per round, and whether context copies replace its samples.
 
     Dynamic: one more after a round every row accepted fully, one fewer after
     a round whose rows accepted less than half on average, within [min, max];
     a round the budgets shortened below gamma leaves it as it is.
+    copy_ngram n > 0: a draft position whose last n tokens occurred earlier in the row proposes the token
+    that followed them (decode/lookup.py) instead of the draft's sample; 0: the draft's samples only.
     """
 
     gamma: int = 3
     dynamic: bool = False
     min_gamma: int = 2
     max_gamma: int = 8
+    copy_ngram: int = 0
 
     def __post_init__(self):
         if self.gamma < 1:
             raise ValueError(f"gamma must be >= 1, got {self.gamma}")
+        if self.copy_ngram < 0:
+            raise ValueError(f"copy_ngram must be >= 0 (0: no context copies), got {self.copy_ngram}")
         if self.dynamic and not 1 <= self.min_gamma <= self.gamma <= self.max_gamma:
             raise ValueError(f"dynamic gamma needs 1 <= min_gamma <= gamma <= max_gamma, got "
                              f"{self.min_gamma} <= {self.gamma} <= {self.max_gamma}")
@@ -156,7 +164,7 @@ class SpeculativeDecoder:
         while state.any_active:
             if speculative:
                 uncut = state.largest_remaining >= current_gamma
-                accepted = state.speculative_round(current_gamma, sampling, timer)
+                accepted = state.speculative_round(current_gamma, sampling, timer, gamma.copy_ngram)
                 if uncut:  # a round shortened by the budget tells nothing about a longer gamma
                     current_gamma = gamma.next(current_gamma, accepted)
             else:
@@ -207,6 +215,7 @@ class _Batch:
         self.drafted_per_position = torch.zeros(largest_gamma, dtype=torch.long, device=device)
         self.accepted_per_position = torch.zeros(largest_gamma, dtype=torch.long, device=device)
         self.rejected = torch.zeros(1, dtype=torch.long, device=device)
+        self.copied = torch.zeros(1, dtype=torch.long, device=device)
         self.row_counts = torch.zeros(self.batch, 3, dtype=torch.long, device=device)  # drafted, accepted, rejected
         self.record_top_k = record_top_k
         self.recorded: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: ids, log-probs [B, k]
@@ -256,12 +265,14 @@ class _Batch:
         self.metrics.rounds += rows
         self.metrics.rounds_per_gamma[gamma] += rows
 
-    def speculative_round(self, gamma: int, sampling: SamplingParams, timer: PhaseTimer) -> list[int]:
+    def speculative_round(self, gamma: int, sampling: SamplingParams, timer: PhaseTimer,
+                          copy_ngram: int = 0) -> list[int]:
         """One round at the policy's gamma -> the accepted counts of the rows that took part."""
         drafting = min(gamma, self.largest_remaining)  # no draft step for a token no row may emit
         kv_len = self._kv_len(drafting + 1)
         started = timer.start()
-        draft_tokens, draft_probs = self.drafter.propose(self, drafting, sampling, kv_len)
+        copies = self._copies(copy_ngram) if copy_ngram else None
+        draft_tokens, draft_probs, copied = self.drafter.propose(self, drafting, sampling, kv_len, copies)
         timer.add("draft", started)  # the draft's sampling is part of its time: a step is its forward and draw
 
         started = timer.start()
@@ -273,7 +284,7 @@ class _Batch:
 
         target_probs = probs_from_logits(target_logits, sampling)
         accepted_counts, next_tokens = verify(draft_tokens, draft_probs, target_probs, self.generator)
-        self._count_proposals(draft_tokens, accepted_counts)
+        self._count_proposals(draft_tokens, accepted_counts, copied)
         new_tokens = torch.cat([draft_tokens, torch.zeros_like(next_tokens)[:, None]], dim=1)
         new_tokens.scatter_(1, accepted_counts[:, None], next_tokens[:, None])
         was_active = list(self.active_host)
@@ -285,7 +296,22 @@ class _Batch:
             timer.add("draft", started)
         return [n for n, active in zip(accepted_host, was_active) if active]
 
-    def _count_proposals(self, draft_tokens: torch.Tensor, accepted_counts: torch.Tensor) -> None:
+    def _copies(self, ngram: int):
+        """choose(step, draft_tokens, draft_probs) -> the step's tokens, their q, and which rows copied.
+
+        Each chosen token is written after the row's known tokens (where the round's own tokens go later), so
+        the next step's lookup sees the tokens drafted before it."""
+        def choose(step: int, draft_tokens: torch.Tensor, draft_probs: torch.Tensor):
+            proposal, found = copy_proposals(self.tokens, self.lengths + step, ngram)
+            tokens = torch.where(found, proposal, draft_tokens)
+            point_mass = torch.zeros_like(draft_probs).scatter_(-1, proposal[:, None], 1.0)
+            probs = torch.where(found[:, None], point_mass, draft_probs)
+            self.tokens.scatter_(1, (self.lengths + step)[:, None], tokens[:, None])
+            return tokens, probs, found
+        return choose
+
+    def _count_proposals(self, draft_tokens: torch.Tensor, accepted_counts: torch.Tensor,
+                         copied: torch.Tensor | None) -> None:
         """Counts as a serving engine keeps them: its draft stops at EOS and at the row's budget.
 
         A row proposes min(gamma, remaining budget, 1 + first EOS among the draft tokens) tokens, accepts
@@ -299,6 +325,8 @@ class _Batch:
         positions = torch.arange(drafting, device=draft_tokens.device)
         self.drafted_per_position[:drafting] += (drafted[:, None] > positions).sum(0)
         self.accepted_per_position[:drafting] += (accepted[:, None] > positions).sum(0)
+        if copied is not None:
+            self.copied += (copied & (drafted[:, None] > positions)).sum()
         rejected = accepted_counts < drafted
         self.rejected += rejected.sum()
         self.row_counts += torch.stack([drafted, accepted, rejected.long()], dim=-1)
@@ -330,10 +358,11 @@ class _Batch:
     def result(self, timer: PhaseTimer) -> Generation:
         metrics = self.metrics
         gamma = len(self.drafted_per_position)
-        counts = torch.cat([self.drafted_per_position, self.accepted_per_position, self.rejected]).tolist()
+        counts = torch.cat([self.drafted_per_position, self.accepted_per_position, self.rejected,
+                            self.copied]).tolist()
         metrics.drafted_per_position, metrics.accepted_per_position = counts[:gamma], counts[gamma: 2 * gamma]
         metrics.drafted, metrics.accepted = sum(metrics.drafted_per_position), sum(metrics.accepted_per_position)
-        metrics.rejected = counts[-1]
+        metrics.rejected, metrics.copied = counts[-2], counts[-1]
         metrics.row_counts = self.row_counts.tolist()
         metrics.ttft_s = timer.seconds("ttft")
         metrics.draft_prefill_s = timer.seconds("draft_prefill")
@@ -355,18 +384,23 @@ def _drafter(draft) -> "_IndependentDraft | _Eagle3Draft":
     return _Eagle3Draft(draft) if isinstance(draft, Eagle3Runner) else _IndependentDraft(draft)
 
 
-def _sample_steps(first_logits: torch.Tensor, gamma: int, sampling: SamplingParams, generator, next_logits):
+def _sample_steps(first_logits: torch.Tensor, gamma: int, sampling: SamplingParams, generator, next_logits,
+                  copies=None):
     """gamma draws, each from the draft's last logits; next_logits(step, tokens) runs the draft on them.
-    -> tokens [B, gamma], their distributions q [B, gamma, V]."""
-    logits, tokens, probs = first_logits, [], []
+    copies (_Batch._copies) replaces a draw by a context copy where a row has one.
+    -> tokens [B, gamma], their distributions q [B, gamma, V], which were copies [B, gamma] (None without)."""
+    logits, tokens, probs, copied = first_logits, [], [], []
     for step in range(gamma):
         step_probs = probs_from_logits(logits[:, -1], sampling)
         step_tokens = sample(step_probs, generator)
+        if copies is not None:
+            step_tokens, step_probs, step_copied = copies(step, step_tokens, step_probs)
+            copied.append(step_copied)
         tokens.append(step_tokens)
         probs.append(step_probs)
         if step < gamma - 1:
             logits = next_logits(step, step_tokens)
-    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1)
+    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1), torch.stack(copied, dim=1) if copied else None
 
 
 class _IndependentDraft:
@@ -381,13 +415,13 @@ class _IndependentDraft:
         no_logits = torch.empty(state.batch, 0, dtype=torch.long, device=state.tokens.device)
         self.runner.forward(prompt_block, start, state.longest_prompt, logits_at=no_logits)
 
-    def propose(self, state: _Batch, gamma: int, sampling: SamplingParams, kv_len: int):
+    def propose(self, state: _Batch, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
         start = state.lengths - 2
         catch_up = state.tokens.gather(1, start[:, None] + torch.arange(2, device=start.device))
         last = torch.ones(state.batch, 1, dtype=torch.long, device=start.device)
         logits = self.runner.forward(catch_up, start, kv_len, logits_at=last)
         return _sample_steps(logits, gamma, sampling, state.generator, lambda step, tokens: self.runner.forward(
-            tokens[:, None], state.lengths + step, kv_len))
+            tokens[:, None], state.lengths + step, kv_len), copies)
 
     def verified(self, state: _Batch, new_tokens, accepted_counts, start, kv_len) -> None:
         """Nothing to do: the next round's catch-up feeds the tokens this one added."""
@@ -411,7 +445,7 @@ class _Eagle3Draft:
         self.ready = self.runner.forward(state.tokens[:, 1: width + 1], state.target_hidden, start, width,
                                          logits_at=(state.lengths - 2)[:, None])
 
-    def propose(self, state: _Batch, gamma: int, sampling: SamplingParams, kv_len: int):
+    def propose(self, state: _Batch, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
         logits, hidden = self.ready
 
         def next_logits(step, tokens):
@@ -420,7 +454,7 @@ class _Eagle3Draft:
                                                       from_target=False)
             return step_logits
 
-        return _sample_steps(logits, gamma, sampling, state.generator, next_logits)
+        return _sample_steps(logits, gamma, sampling, state.generator, next_logits, copies)
 
     def verified(self, state: _Batch, new_tokens, accepted_counts, start, kv_len) -> None:
         """The verify's positions start .. start + gamma with the tokens after them (new_tokens: the accepted

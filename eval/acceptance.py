@@ -71,7 +71,7 @@ def figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], gamma: int, step
     intervals = acceptance_intervals(spec, ar, samples, seed)
     result = {
         "prompts": total.sequences, "tokens": total.tokens, "drafted": total.drafted, "accepted": total.accepted,
-        "rejected": total.rejected, "gamma": gamma,
+        "rejected": total.rejected, "copied": total.copied, "gamma": gamma,
         "alpha": finite(total.alpha), "alpha_interval": intervals["alpha_interval"],
         "token_acceptance": acceptance, "token_acceptance_interval": intervals["token_acceptance_interval"],
         "mean_accepted_length": finite(total.mean_accepted_length),

@@ -321,6 +321,12 @@ def winner_lines(report: dict) -> list[str]:
     return lines
 
 
+def copy_note(decode: dict) -> str:
+    if not decode.get("copy_ngram"):
+        return ""
+    return f"; context copies after a repeated {decode['copy_ngram']}-gram (decode.copy_ngram)"
+
+
 def format_markdown(report: dict) -> str:
     settings, decode = report["settings"], report["settings"]["decode"]
     source = "held-out prompts" if settings.get("prompts") is None else f"prompts of {settings['prompts']}"
@@ -329,7 +335,8 @@ def format_markdown(report: dict) -> str:
              f"{settings['max_prompts']} {source} per domain, {settings['max_new_tokens']} new tokens, "
              f"batch size {settings['batch_size']}; gamma {decode['gamma']}"
              f"{' (dynamic)' if decode['dynamic_gamma'] else ''}, temperature {decode['temperature']}, "
-             f"top_p {decode['top_p']}, top_k {decode['top_k']}, seed {settings['seed']}.",
+             f"top_p {decode['top_p']}, top_k {decode['top_k']}, seed {settings['seed']}"
+             f"{copy_note(decode)}.",
              "alpha = accepted / drafted over the summed counts; intervals: "
              f"{settings['bootstrap_samples']} bootstrap resamples of the "
              f"{'prompts' if settings['batch_size'] == 1 else 'batches of prompts'}. Speedup: over our AR decoded "

@@ -67,7 +67,7 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     if not speed_prompt_ids or result.recommended_gamma is None:
         return result
     use_recommended = settings.at_recommended_gamma
-    speed_policy = GammaPolicy(gamma=result.recommended_gamma) if use_recommended else policy
+    speed_policy = GammaPolicy(gamma=result.recommended_gamma, copy_ngram=policy.copy_ngram) if use_recommended else policy
     result.speed = measure(decoder, f"trained draft at gamma {speed_policy.gamma}, one request at a time",
                            speed_prompt_ids, 1, settings.compare_ar, speed_policy, costs)
     result.verdict = verdict(result.speed)

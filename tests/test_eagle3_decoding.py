@@ -68,6 +68,16 @@ def test_eagle3_with_top_p_keeps_the_target_distribution(target):
     assert chi_square_p_value(result.tokens, exact_distribution(target, sampling)) > 1e-3
 
 
+def test_eagle3_with_context_copies_keeps_the_target_distribution(target, rule):
+    """Copied tokens (q = 1) feed the head's next step as its own samples would."""
+    sampling = SETTINGS["temperature 1"]
+    with one_thread():
+        result = decoder_for(target, head_for(target)).generate([PROMPT] * SAMPLES, NEW_TOKENS, sampling,
+                                                                GammaPolicy(gamma=3, copy_ngram=2), seed=8)
+    assert 0 < result.metrics.copied < result.metrics.drafted
+    expect_the_rule(rule, chi_square_p_value(result.tokens, exact_distribution(target, sampling)))
+
+
 def test_eagle3_with_dynamic_gamma_keeps_the_distribution(target):
     """Rows decoded 1 to 12 at a time, so that gamma both grows and shrinks."""
     decoder, sampling = decoder_for(target, head_for(target)), SETTINGS["temperature 1"]
@@ -113,7 +123,8 @@ def test_eagle3_greedy_output_is_the_targets_token_for_token(target):
     greedy = SamplingParams(temperature=0)
     decoder = decoder_for(target, head_for(target, seed=2), eos=[1])  # a head that agrees about half the time
     alone = decoder.generate(prompts, 24, greedy)
-    for policy in (GammaPolicy(gamma=3), GammaPolicy(gamma=2, dynamic=True, min_gamma=1, max_gamma=5)):
+    for policy in (GammaPolicy(gamma=3), GammaPolicy(gamma=2, dynamic=True, min_gamma=1, max_gamma=5),
+                   GammaPolicy(gamma=3, copy_ngram=1)):
         speculative = decoder.generate(prompts, 24, greedy, policy)
         assert speculative.tokens == alone.tokens
         assert speculative.stopped_by_eos == alone.stopped_by_eos

@@ -191,3 +191,13 @@ def test_the_untrained_draft_is_measured_on_the_first_untrained_prompts(ctx, pai
     assert (result.before["prompts"], result.after["prompts"], result.prompts) == (1, 3, 3)
     summary = format_summary({"domain": "code", "method": "distill", "eval": asdict(result)}, ctx.run_dir)
     assert "held-out acceptance, 3 prompts (the untrained draft on the first 1), gamma 3" in summary
+
+
+def test_context_copies_reach_every_pass_the_speed_pass_at_the_recommended_gamma_included(ctx, pair, monkeypatch):
+    monkeypatch.setattr(eval.acceptance, "recommended_gamma", lambda *args: 4)
+    prompts = pair.encode_chat(["first prompt, first prompt", "second prompt, second prompt"])
+    result = run_eval(ctx, SETTINGS, DecodeConfig(temperature=0.0, gamma=3, min_gamma=1, copy_ngram=1), prompts, "d")
+    assert result.speed["gamma"] == 4
+    for figures in (result.before, result.after, result.speed):
+        assert 0 < figures["copied"] <= figures["drafted"]
+    assert run_eval(ctx, SETTINGS, DECODE, prompts, "draft").speed["copied"] == 0

@@ -257,3 +257,30 @@ def test_prompts_of_different_lengths_in_one_batch_keep_each_distribution(models
              for index, prompt in enumerate(MIXED_PROMPTS)
              for sequence, probability in exact_distribution(target, sampling, prompt=prompt).items()}
     expect_the_rule(rule, chi_square_p_value(outcomes, exact, ddof=len(MIXED_PROMPTS) - 1))
+
+
+COPY_SAMPLES = 12_000
+
+
+def test_context_copies_keep_the_distribution(models, rule):
+    """copy_ngram 2 on a 4-token vocabulary: many draft positions copy a context token (q = 1 on it), the
+    others are the draft's samples; both kinds meet the rule in one decode."""
+    target, draft = models
+    sampling = SETTINGS["temperature 1"]
+    with one_thread():
+        result = decoder_for(target, draft).generate([PROMPT] * COPY_SAMPLES, NEW_TOKENS, sampling,
+                                                     GammaPolicy(gamma=3, copy_ngram=2), seed=5)
+    metrics = result.metrics
+    assert 0.2 * metrics.drafted < metrics.copied < 0.9 * metrics.drafted, (metrics.copied, metrics.drafted)
+    expect_the_rule(rule, chi_square_p_value(result.tokens, exact_distribution(target, sampling)))
+
+
+def test_context_copies_of_tokens_top_p_removed_keep_the_distribution(models):
+    """Under top-p the target gives some copied tokens p = 0: they are always rejected and resampled from p."""
+    target, draft = models
+    sampling = SETTINGS["temperature 0.7 top-p 0.9"]
+    with one_thread():
+        result = decoder_for(target, draft).generate([PROMPT] * COPY_SAMPLES, NEW_TOKENS, sampling,
+                                                     GammaPolicy(gamma=2, copy_ngram=1), seed=6)
+    assert result.metrics.copied > 0.1 * result.metrics.drafted
+    assert chi_square_p_value(result.tokens, exact_distribution(target, sampling)) > 1e-3

@@ -65,6 +65,17 @@ def test_temperature_zero_speculative_equals_target_greedy(target64, draft64, to
     assert result.metrics.rounds > 0 and result.metrics.drafted > 0
 
 
+@pytest.mark.parametrize("gamma", [3, 8])
+@pytest.mark.parametrize("copy_ngram", [1, 2])
+def test_context_copies_keep_greedy_equal_to_the_target(target64, draft64, tokenizer, reference, gamma, copy_ngram):
+    vocab = len(tokenizer)
+    decoder = SpeculativeDecoder(NativeLlamaRunner(target64, vocab), NativeLlamaRunner(draft64, vocab),
+                                 eos_token_ids=[vocab + 1])
+    result = decoder.generate(prompts(tokenizer, 4), NEW_TOKENS, GREEDY, GammaPolicy(gamma=gamma, copy_ngram=copy_ngram))
+    assert result.tokens == reference
+    assert 0 < result.metrics.copied < result.metrics.drafted
+
+
 def test_a_draft_that_is_the_target_accepts_everything(target64, tokenizer, reference):
     vocab = len(tokenizer)
     decoder = SpeculativeDecoder(NativeLlamaRunner(target64, vocab), NativeLlamaRunner(target64, vocab), [vocab + 1])
