@@ -158,10 +158,10 @@ def test_every_rounds_draft_is_the_training_unroll_on_the_same_tokens(target, mo
     rounds = []
     propose = speculative._Eagle3Draft.propose
 
-    def recorded(self, state, drafting, sampling, kv_len):
-        tokens, probs = propose(self, state, drafting, sampling, kv_len)
+    def recorded(self, state, drafting, sampling, kv_len, copies=None):
+        tokens, probs, copied = propose(self, state, drafting, sampling, kv_len, copies)
         rounds.append((state.tokens.clone(), state.lengths.clone(), state.active.clone(), tokens, probs))
-        return tokens, probs
+        return tokens, probs, copied
 
     monkeypatch.setattr(speculative._Eagle3Draft, "propose", recorded)
     with one_thread():
