@@ -14,13 +14,12 @@ from __future__ import annotations
 import hashlib
 import json
 import statistics
-from dataclasses import asdict
+from dataclasses import asdict, replace
 
 from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.files import write_json
 from decode.results import EvalResult
-from decode.speculative import GammaPolicy
 from decode.step_costs import measure_step_costs
 from eval.acceptance import baseline_is_off, decode_batches, figures
 from eval.config import EvalConfig
@@ -67,7 +66,8 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     if not speed_prompt_ids or result.recommended_gamma is None:
         return result
     use_recommended = settings.at_recommended_gamma
-    speed_policy = GammaPolicy(gamma=result.recommended_gamma, copy_ngram=policy.copy_ngram) if use_recommended else policy
+    # the configured policy fixed at the recommended gamma: every other setting (context copies) carries over
+    speed_policy = replace(policy, gamma=result.recommended_gamma, dynamic=False) if use_recommended else policy
     result.speed = measure(decoder, f"trained draft at gamma {speed_policy.gamma}, one request at a time",
                            speed_prompt_ids, 1, settings.compare_ar, speed_policy, costs)
     result.verdict = verdict(result.speed)
