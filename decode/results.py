@@ -76,10 +76,23 @@ class EvalResult:
     recommended_gamma: Optional[int]
     speed: Optional[dict]  # the speed prompts one request at a time at the recommended gamma, AR interleaved
     verdict: Optional[str] = None
+    # with context copies on (decode.copy_ngram): the trained draft on the same prompts without them, as the
+    # engines serve it (vLLM and SGLang run a draft or n-gram lookup, not both)
+    draft_alone: Optional[dict] = None
 
     @property
     def token_acceptance(self) -> Optional[float]:
         return self.after.get("token_acceptance")
+
+    @property
+    def engine_token_acceptance(self) -> Optional[float]:
+        """The per-token acceptance an engine serving this draft can expect: without context copies."""
+        return (self.draft_alone or self.after).get("token_acceptance")
+
+    @property
+    def engine_gamma(self) -> Optional[int]:
+        """The gamma the engines are told: the recommended one for the draft without context copies."""
+        return self.draft_alone.get("recommended_gamma") if self.draft_alone else self.recommended_gamma
 
 
 @dataclass

@@ -5,7 +5,8 @@ on eval.max_prompts held-out prompts decoded eval.batch_size at a time, at decod
 the first eval.untrained_prompts of them). The trained draft's step costs (c, v(gamma), decode/step_costs.py) are
 then timed, and with its per-token acceptance they give the recommended gamma. Speed is measured there on the
 first eval.speed_prompts prompts one request at a time, speculative and AR interleaved, next to the speedup those
-costs predict. The untrained draft is measured once per run directory (eval_before.json) and reused while the
+costs predict. With context copies on (decode.copy_ngram), the trained draft is measured once more without them:
+that is what the engines serve. The untrained draft is measured once per run directory (eval_before.json) and reused while the
 prompts and settings are the same; everything else goes into the stage's record (results/eval.json).
 """
 
@@ -58,9 +59,14 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     context = int(statistics.median(len(ids) for ids in prompt_ids)) + settings.max_new_tokens // 2
     costs = measure_step_costs(decoder, sampling, context, decode.max_gamma)
     after = measure(decoder, "trained draft", prompt_ids, settings.batch_size, False, policy, costs)
+    # context copies are this decoder's own: vLLM, SGLang and llama.cpp serve the draft alone, so what the engines
+    # are told (llama.cpp's gamma and predicted speedup) comes from the draft measured without them
+    alone = measure(decoder, "trained draft without context copies", prompt_ids, settings.batch_size, False,
+                    replace(policy, copy_ngram=0), costs) if policy.copy_ngram else None
     result = EvalResult(draft_fingerprint=draft_fingerprint, prompts=len(prompt_ids), gamma=policy.gamma,
                         before={k: v for k, v in before.items() if k != "key"}, after=after,
-                        step_costs=costs.to_dict(), recommended_gamma=after["recommended_gamma"], speed=None)
+                        step_costs=costs.to_dict(), recommended_gamma=after["recommended_gamma"], speed=None,
+                        draft_alone=alone)
     ctx.tracker.log({"eval/alpha_before": before["alpha"], "eval/alpha_after": after["alpha"],
                      "eval/token_acceptance_after": after["token_acceptance"]}, step=0)
     if not speed_prompt_ids or result.recommended_gamma is None:

@@ -73,7 +73,7 @@ def test_a_group_option_sets_only_what_differs_from_the_default(group, path):
 
 def test_a_domain_file_names_its_domain_and_nothing_else():
     """A shipped domain's settings are the dataclass defaults; the general domain says only that it mixes all of
-    them and how many prompts the target writes."""
+    them and how many prompts the target writes; summarization adds its decoding (context copies)."""
     files = sorted((CONF / "domain").glob("*.yaml"))
     shipped = {path.stem for path in files} - {"general"}
     for path in files:
@@ -81,8 +81,17 @@ def test_a_domain_file_names_its_domain_and_nothing_else():
         if path.stem == "general":
             assert set(settings.pop("mix")) == shipped
             assert settings == {"name": "general", "source": "mix", "magpie_prompts": None}
+        elif path.stem == "summarization":
+            assert settings == {"domain": {"name": "summarization"}, "decode": {"copy_ngram": 2}}
         else:
             assert settings == {"name": path.stem}
+
+
+def test_summarization_decodes_with_context_copies_unless_told_not_to():
+    assert composed("train", ["+domain=summarization"])["decode"]["copy_ngram"] == 2
+    assert composed("train", ["+domain=summarization", "decode.copy_ngram=0"])["decode"]["copy_ngram"] == 0
+    assert composed("train", ["+domain=code"])["decode"]["copy_ngram"] == 0
+    assert composed("train", ["+domain=summarization"])["domain"]["name"] == "summarization"
 
 
 def test_a_mismatch_would_be_caught():

@@ -201,3 +201,22 @@ def test_context_copies_reach_every_pass_the_speed_pass_at_the_recommended_gamma
     for figures in (result.before, result.after, result.speed):
         assert 0 < figures["copied"] <= figures["drafted"]
     assert run_eval(ctx, SETTINGS, DECODE, prompts, "draft").speed["copied"] == 0
+
+
+def test_with_context_copies_the_draft_is_measured_alone_too_and_that_is_what_engines_are_told(ctx, pair, measured):
+    prompts = pair.encode_chat(["first prompt, first prompt", "second prompt, second prompt"])
+    copying = DecodeConfig(temperature=0.0, gamma=3, min_gamma=1, copy_ngram=1)
+    result = run_eval(ctx, SETTINGS, copying, prompts, "d")
+    assert [ids for description, ids in measured if "without context copies" in description] == [prompts]
+    assert result.after["copied"] > 0 and result.draft_alone["copied"] == 0
+    assert result.draft_alone["drafted"] > 0
+    assert result.engine_token_acceptance == result.draft_alone["token_acceptance"]
+    summary = format_summary({"domain": "summarization", "method": "distill", "eval": asdict(result)}, ctx.run_dir)
+    alone = result.draft_alone
+    assert (f"the draft alone, as vLLM, SGLang and llama.cpp serve it: per-token {alone['token_acceptance']:.3f}"
+            in summary)
+
+    plain = run_eval(ctx, SETTINGS, DECODE, prompts, "draft")
+    assert plain.draft_alone is None and plain.engine_token_acceptance == plain.after["token_acceptance"]
+    assert "the draft alone" not in format_summary({"domain": "code", "method": "distill", "eval": asdict(plain)},
+                                                   ctx.run_dir)

@@ -235,3 +235,34 @@ def test_a_retrained_draft_is_never_exported_with_the_previous_drafts_figures(tm
     card = (run / "export" / "README.md").read_text()
     assert "not evaluated" in card and "held-out acceptance" not in card
     assert f"{second['train']['steps']} steps" in card
+
+
+def test_with_context_copies_the_engines_get_the_figures_of_the_draft_alone(tmp_path, monkeypatch):
+    """Copies run only in this project's decoder: llama.cpp's gamma and the card's engine figures come from the
+    eval's pass without them."""
+    import decode.serving.stage
+
+    told = []
+    real = decode.serving.stage.write_causal_lm_draft
+
+    def recording(job, staging):
+        told.append(job.token_acceptance)
+        return real(job, staging)
+
+    monkeypatch.setattr(decode.serving.stage, "write_causal_lm_draft", recording)
+    _, summary = export_run(tmp_path, ["generate", "train", "eval", "export"], ["decode.copy_ngram=1"])
+    alone, after = summary["eval"]["draft_alone"], summary["eval"]["after"]
+    assert alone["copied"] == 0 and after["copied"] > 0
+    assert told == [alone["token_acceptance"]]
+    # the engines' gamma is the one recommended for the draft alone: made to differ from the copies' one here
+    record = tmp_path / "run" / "results" / "eval.json"
+    evaluated = json.loads(record.read_text())
+    evaluated["draft_alone"]["recommended_gamma"] = evaluated["recommended_gamma"] % 7 + 1
+    record.write_text(json.dumps(evaluated))
+    _, summary = export_run(tmp_path, ["export"], ["decode.copy_ngram=1"])
+    assert summary["export"]["gamma"] == evaluated["draft_alone"]["recommended_gamma"]
+    assert json.loads((tmp_path / "run" / "export" / "serving" / "vllm.json").read_text())[
+        "num_speculative_tokens"] == evaluated["draft_alone"]["recommended_gamma"]
+    card = (tmp_path / "run" / "export" / "README.md").read_text()
+    assert f"the draft alone, as vLLM, SGLang and llama.cpp serve it: per-token acceptance " \
+           f"{alone['token_acceptance']:.3f}" in card

@@ -94,6 +94,9 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
              f"{_interval(after['token_acceptance_interval'])} "
              f"after; alpha = accepted/drafted {_figure(before['alpha'])} -> {_figure(after['alpha'])}"
              f"{_interval(after['alpha_interval'])}"]
+    if evaluated.draft_alone:
+        lines.append(f"- these figures are with context copies (decode.copy_ngram), which only this project's decoder "
+                     f"runs; the draft alone, as vLLM, SGLang and llama.cpp serve it: {_acceptance(evaluated.draft_alone)}")
     if evaluated.step_costs:
         costs = evaluated.step_costs
         lines.append(f"- recommended gamma: {gamma} (the most tokens per second for this acceptance and the step "
@@ -104,6 +107,11 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
         lines.append(f"- speed at gamma {speed['gamma']}: {speed['speedup']:.2f}x our autoregressive decoding"
                      f"{_interval(speed['speedup_interval'], '.2f')} (predicted {_figure(speed['predicted_speedup'], '.2f')}x)")
     return lines
+
+
+def _acceptance(figures: dict) -> str:
+    return (f"per-token acceptance {_figure(figures['token_acceptance'])}{_interval(figures['token_acceptance_interval'])}"
+            f", alpha {_figure(figures['alpha'])}{_interval(figures['alpha_interval'])}")
 
 
 def _untrained_on(before: dict, prompts: int) -> str:

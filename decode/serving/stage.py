@@ -69,7 +69,7 @@ class ExportJob:
     gamma: int  # what the engines are told to draft
     verify_ids: list[list[int]]  # the round trip's and the engine check's prompts
     max_new_tokens: int
-    token_acceptance: float | None  # the eval's, for llama.cpp's gamma
+    token_acceptance: float | None  # the eval's of the draft alone, for llama.cpp's gamma
 
 
 @dataclass
@@ -101,9 +101,9 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
     target_gguf = Path(target_dir, target_gguf) if target_gguf else None
     job = ExportJob(ctx, settings, decode, draft_spec, destination,
                     ServingTarget(_serving_target_path(ctx.target_spec), str(target_gguf) if target_gguf else None),
-                    target_gguf, gamma=(evaluated.recommended_gamma if evaluated else None) or decode.gamma,
+                    target_gguf, gamma=(evaluated.engine_gamma if evaluated else None) or decode.gamma,
                     verify_ids=verify_prompt_ids[: settings.verify_prompts], max_new_tokens=verify_max_new_tokens,
-                    token_acceptance=evaluated.token_acceptance if evaluated else None)
+                    token_acceptance=evaluated.engine_token_acceptance if evaluated else None)
     write_draft = write_eagle3_draft if is_eagle3_directory(draft_spec.path) else write_causal_lm_draft
     with published(destination, directory=True) as staging:
         written = write_draft(job, staging)
