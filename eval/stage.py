@@ -6,8 +6,9 @@ the first eval.untrained_prompts of them). The trained draft's step costs (c, v(
 then timed, and with its per-token acceptance they give the recommended gamma. Speed is measured there on the
 first eval.speed_prompts prompts one request at a time, speculative and AR interleaved, next to the speedup those
 costs predict. With context copies on (decode.copy_ngram), the trained draft is measured once more without them:
-that is what the engines serve. The untrained draft is measured once per run directory (eval_before.json) and reused while the
-prompts and settings are the same; everything else goes into the stage's record (results/eval.json).
+that is what the engines serve. The untrained draft is measured once per run directory (eval_before.json) and
+reused while the prompts and settings are the same; everything else goes into the stage's record
+(results/eval.json).
 """
 
 from __future__ import annotations
@@ -68,7 +69,8 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
                         step_costs=costs.to_dict(), recommended_gamma=after["recommended_gamma"], speed=None,
                         draft_alone=alone)
     ctx.tracker.log({"eval/alpha_before": before["alpha"], "eval/alpha_after": after["alpha"],
-                     "eval/token_acceptance_after": after["token_acceptance"]}, step=0)
+                     "eval/token_acceptance_after": after["token_acceptance"],
+                     **({"eval/token_acceptance_draft_alone": alone["token_acceptance"]} if alone else {})}, step=0)
     if not speed_prompt_ids or result.recommended_gamma is None:
         return result
     use_recommended = settings.at_recommended_gamma

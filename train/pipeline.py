@@ -182,8 +182,8 @@ def format_summary(summary: dict, run_dir: Path) -> str:
                   f"  mean accepted length {_number(after['mean_accepted_length'], '.2f')} tokens/round"]
         alone = evaluated.get("draft_alone")
         if alone:
-            lines.append(f"  the figures above are with context copies (decode.copy_ngram); the draft alone, as vLLM, SGLang and llama.cpp "
-                         f"serve it: per-token {_number(alone['token_acceptance'])}"
+            lines.append(f"  the figures above are with context copies (decode.copy_ngram); the draft alone, as "
+                         f"vLLM, SGLang and llama.cpp serve it: per-token {_number(alone['token_acceptance'])}"
                          f"{_interval(alone['token_acceptance_interval'])}, alpha {_number(alone['alpha'])}"
                          f"{_interval(alone['alpha_interval'])}")
         costs = evaluated.get("step_costs")

@@ -95,8 +95,9 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
              f"after; alpha = accepted/drafted {_figure(before['alpha'])} -> {_figure(after['alpha'])}"
              f"{_interval(after['alpha_interval'])}"]
     if evaluated.draft_alone:
-        lines.append(f"- these figures are with context copies (decode.copy_ngram), which only this project's decoder "
-                     f"runs; the draft alone, as vLLM, SGLang and llama.cpp serve it: {_acceptance(evaluated.draft_alone)}")
+        lines.append(f"- these figures are with context copies (decode.copy_ngram), which only this project's "
+                     f"decoder runs; the draft alone, as vLLM, SGLang and llama.cpp serve it: "
+                     f"{_acceptance(evaluated.draft_alone)}")
     if evaluated.step_costs:
         costs = evaluated.step_costs
         lines.append(f"- recommended gamma: {gamma} (the most tokens per second for this acceptance and the step "
@@ -110,8 +111,9 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
 
 
 def _acceptance(figures: dict) -> str:
-    return (f"per-token acceptance {_figure(figures['token_acceptance'])}{_interval(figures['token_acceptance_interval'])}"
-            f", alpha {_figure(figures['alpha'])}{_interval(figures['alpha_interval'])}")
+    return (f"per-token acceptance {_figure(figures['token_acceptance'])}"
+            f"{_interval(figures['token_acceptance_interval'])}, alpha {_figure(figures['alpha'])}"
+            f"{_interval(figures['alpha_interval'])}")
 
 
 def _untrained_on(before: dict, prompts: int) -> str:
