@@ -35,4 +35,4 @@ train: setup
 	$(PY) -m train +domain=code
 
 bench: setup
-	$(PY) -m decode.bench
+	$(PY) -m eval.bench

@@ -18,7 +18,7 @@ class RunContext:
     pair: ModelPair
     target_spec: ModelSpec
     accelerator: Any  # accelerate.Accelerator: the device and, under `accelerate launch`, the process group
-    tracker: Any  # logs metrics, the summary and model artifacts (train.tracking.Tracker)
+    tracker: Any  # logs metrics, the summary and model artifacts (decode.tracking.Tracker)
     seed: int = 0
 
     @property

@@ -1,4 +1,4 @@
-"""Loading target and draft models, and the checks a pair must pass before any work.
+"""Loading target and draft models: from a hub id, a directory, a GGUF file or a shipped package file, or derived.
 
 A model is named by `path`: a Hugging Face id, a local directory, a `.gguf`
 file, `package://<python package>/<file>` for a file shipped inside an

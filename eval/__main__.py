@@ -32,8 +32,7 @@ from decode.config import DecodeConfig, PairConfig
 from decode.errors import SpecdraftError
 from eval.config import ReportConfig
 from eval.report import PLOTS, evaluate, format_markdown, table_rows, write_report
-from train.config import LoggerConfig
-from train.tracking import Tracker, scrub_secrets
+from decode.tracking import LoggerConfig, Tracker, scrub_secrets
 
 
 @dataclass

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Callable
 
-from decode.bench import hf_generate, llama_cpp_generate, llama_cpp_unavailable
+from eval.bench import hf_generate, llama_cpp_generate, llama_cpp_unavailable
 from decode.config import DecodeConfig
 from decode.models import ModelSpec
 from decode.pair import ModelPair

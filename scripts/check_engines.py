@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from decode.eagle3.head import new_head, save_head_files
-from decode.serving.engines import ServingTarget, eagle3_serving_flags
+from decode.export.engines import ServingTarget, eagle3_serving_flags
 from decode.tiny import tiny_llama, tiny_tokenizer
 
 CAPTURE_LAYERS = [0, 1, 3]

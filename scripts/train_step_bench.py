@@ -26,9 +26,9 @@ from transformers import AutoModelForCausalLM
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.data import collate, examples_from_records
 from distill.losses import masked_sum
-from train.config import LoggerConfig, MethodConfig
+from decode.tracking import LoggerConfig, Tracker
+from train.config import MethodConfig
 from train.recipe import DistillationRecipe
-from train.tracking import Tracker
 
 
 def recipe(draft, examples, validation, grouped: bool, scratch: Path) -> DistillationRecipe:

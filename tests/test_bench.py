@@ -1,9 +1,9 @@
-"""python -m decode.bench on the tiny pair: every mode decodes the same prompts, and greedy modes agree."""
+"""python -m eval.bench on the tiny pair: every mode decodes the same prompts, and greedy modes agree."""
 
 import pytest
 
 from decode import bench
-from decode.bench import BenchConfig, format_costs, format_table, run_benchmark, strongest_ar
+from eval.bench import BenchConfig, format_costs, format_table, run_benchmark, strongest_ar
 from decode.config import DecodeConfig, PairConfig
 from decode.errors import ConfigError
 from decode.models import ModelSpec

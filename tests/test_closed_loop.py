@@ -14,7 +14,7 @@ from decode.config import DecodeConfig, PairConfig
 from decode.files import point_symlink
 from decode.models import ModelSpec
 from decode.pair import load_pair
-from decode.serving.gguf import write_gguf
+from decode.export.gguf import write_gguf
 from eval.harness.closed_loop import ClosedLoopCommand, LoopConfig, run_loop
 from eval.harness.replay import ReplayPhase
 from eval.monitor.config import PromotionConfig

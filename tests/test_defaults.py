@@ -8,14 +8,14 @@ import yaml
 from hydra import compose, initialize_config_module
 from omegaconf import OmegaConf
 
-import decode.bench
+import eval.bench
 import eval.__main__
 import eval.harness.closed_loop
 import eval.harness.replay
 import eval.harness.serving_bench
 import eval.monitor.__main__  # noqa: F401  (registers the monitor's schema and help)
 import train.__main__  # noqa: F401
-from decode.bench import BenchConfig
+from eval.bench import BenchConfig
 from eval.__main__ import EvalReportCommand
 from eval.harness.closed_loop import ClosedLoopCommand
 from eval.harness.replay import ReplayCommand

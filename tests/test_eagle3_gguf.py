@@ -12,16 +12,16 @@ import torch
 
 from decode.eagle3.head import new_head
 from decode.errors import ExportError, ExportMismatch
-from decode.serving import eagle3_gguf
-from decode.serving.eagle3_gguf import (
-    check_eagle3_gguf,
-    draft_layer,
-    eagle3_gguf_logit_difference,
-    first_step_logits,
-    read_eagle3_gguf,
-    write_eagle3_gguf,
-)
-from decode.serving.gguf import write_gguf
+from decode.export import eagle3_gguf
+from decode.export.eagle3_gguf import (
+                                       check_eagle3_gguf,
+                                       draft_layer,
+                                       eagle3_gguf_logit_difference,
+                                       first_step_logits,
+                                       read_eagle3_gguf,
+                                       write_eagle3_gguf,
+                                       )
+from decode.export.gguf import write_gguf
 from decode.serving.llama_server import LlamaServer, ServerSpec
 from decode.tiny import tiny_llama, tiny_tokenizer
 

@@ -24,10 +24,10 @@ from distill.eagle3_features import capture_hidden_states, collate_with_target_h
 from distill.generate import answer_prompts
 from distill.losses import masked_sum
 from distill.stage import target_answers
-from train.config import LoggerConfig, LoraSettings, MethodConfig
+from decode.tracking import LoggerConfig, Tracker
+from train.config import LoraSettings, MethodConfig
 from train.eagle3_recipe import Eagle3Recipe, unrolled_draft_logits
 from train.stage import run_train
-from train.tracking import Tracker
 
 CAPTURE_LAYERS = [0, 1, 3]  # of the 4-layer tiny target
 

@@ -15,9 +15,8 @@ from decode.models import ModelSpec
 from decode.pair import load_pair
 from eval.config import EvalConfig
 from eval.stage import run_eval
-from train.config import LoggerConfig
+from decode.tracking import LoggerConfig, Tracker
 from train.pipeline import format_summary
-from train.tracking import Tracker
 
 
 @pytest.fixture(scope="module")

@@ -190,9 +190,9 @@ def pipeline_for(tmp_path, name, overrides):
     from hydra.core.global_hydra import GlobalHydra
 
     from train import config as train_config
-    from train.config import LoggerConfig
+    from decode.tracking import LoggerConfig
     from train.pipeline import Pipeline
-    from train.tracking import Tracker
+    from decode.tracking import Tracker
 
     train_config.register()
     GlobalHydra.instance().clear()

@@ -8,7 +8,7 @@ from transformers import (AutoModelForCausalLM, AutoTokenizer, GPT2Config, GPT2L
                           MistralConfig, MistralForCausalLM, Qwen2Config, Qwen2ForCausalLM)
 
 from decode.errors import ExportError
-from decode.serving.gguf import gguf_unsupported_reason, write_gguf
+from decode.export.gguf import gguf_unsupported_reason, write_gguf
 from decode.tiny import tiny_llama, tiny_tokenizer
 
 F32_TOLERANCE = 1e-4  # measured: 0.0, the weights are stored exactly

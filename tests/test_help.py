@@ -6,7 +6,7 @@ import sys
 import pytest
 from hydra.core.global_hydra import GlobalHydra
 
-COMMANDS = ["train.__main__", "eval.__main__", "eval.monitor.__main__", "decode.bench", "eval.harness.replay",
+COMMANDS = ["train.__main__", "eval.__main__", "eval.monitor.__main__", "eval.bench", "eval.harness.replay",
             "eval.harness.serving_bench", "eval.harness.closed_loop"]
 
 

@@ -24,7 +24,7 @@ from decode.errors import ConfigError
 from decode.models import ModelSpec
 from decode.pair import load_pair
 from decode.sampling import SamplingParams
-from decode.serving.gguf import write_gguf
+from decode.export.gguf import write_gguf
 from decode.serving.llama_server import free_port
 from distill.config import GenerateConfig
 from distill.data import Prompt

@@ -1,4 +1,4 @@
-"""train/tracking.py: secrets never reach W&B, disabled means untouched, offline runs land in the run directory.
+"""decode/tracking.py: secrets never reach W&B, disabled means untouched, offline runs land in the run directory.
 
 No test talks to a W&B server: online mode is only checked up to its missing-login error.
 """
@@ -13,10 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from train import tracking
+from decode import tracking
 from decode.errors import ConfigError
-from train.config import LoggerConfig
-from train.tracking import Tracker, scrub_secrets
+from decode.tracking import LoggerConfig, Tracker, scrub_secrets
 
 REPO = Path(__file__).resolve().parents[1]
 PLANTED_SECRET = "SECRET123"
@@ -90,8 +89,8 @@ def test_disabled_mode_writes_nothing_and_never_imports_wandb(tmp_path):
     run_dir = tmp_path / "run"
     script = textwrap.dedent(f"""
         import pathlib, sys
-        from train.config import LoggerConfig
-        from train.tracking import Tracker
+        from decode.tracking import LoggerConfig
+        from decode.tracking import Tracker
         run_dir = pathlib.Path({str(run_dir)!r})
         with Tracker({logger_cfg("disabled")!r}, run_dir, {{"lr": 1}}, "name") as tracker:
             tracker.log({{"loss": 1.0}}, step=1)

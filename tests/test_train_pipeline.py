@@ -20,10 +20,10 @@ from decode.sampling import SamplingParams
 from distill.data import examples_from_records, load_domain_prompts, read_jsonl_prompts, shipped_domains
 from distill.generate import answer_prompts, generate_dataset
 from train import config as train_config
-from train.config import LoggerConfig, MethodConfig
+from decode.tracking import LoggerConfig, Tracker
+from train.config import MethodConfig
 from train.pipeline import run_directory, validate
 from train.recipe import DistillationRecipe
-from train.tracking import Tracker
 
 ROOT = Path(__file__).resolve().parents[1]
 CONF = ROOT / "conf"

@@ -34,7 +34,7 @@ from decode.files import write_text
 from decode.models import resolve_device
 from train import config as train_config
 from train.pipeline import Pipeline, format_summary, run_directory, validate
-from train.tracking import Tracker, scrub_secrets
+from decode.tracking import Tracker, scrub_secrets
 
 train_config.register()
 register_help("train", __doc__)

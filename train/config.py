@@ -11,6 +11,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from decode.config import DecodeConfig, ExportConfig, PairConfig
+from decode.tracking import LoggerConfig
 from distill.config import DomainConfig, GenerateConfig
 from eval.config import EvalConfig
 
@@ -59,15 +60,6 @@ class MethodConfig:
     ttt_steps: int = 3
     ttt_step_weight: float = 0.8
     lora: Optional[LoraSettings] = None
-
-
-@dataclass
-class LoggerConfig:
-    mode: str = "offline"  # offline | online | disabled
-    project: str = "specdraft"
-    entity: Optional[str] = None
-    tags: List[str] = field(default_factory=list)
-    log_model: bool = True
 
 
 @dataclass

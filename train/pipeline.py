@@ -20,8 +20,8 @@ from decode.results import EvalResult, GenerateResult, TrainResult, load_result,
 from decode.models import model_fingerprint
 from decode.pair import load_pair
 from decode.precision import SETTINGS as AUTOCAST_SETTINGS
-from decode.serving.gguf import gguf_unsupported_reason
-from decode.serving.stage import run_export
+from decode.export.gguf import gguf_unsupported_reason
+from decode.export.stage import run_export
 from distill.conversations import chat_prompt_ids
 from distill.data import load_domain_prompts, shipped_domains
 from distill.losses import LOSSES

@@ -39,11 +39,11 @@ from decode.files import write_json, write_text
 from decode.models import ModelSpec, derive_draft, load_model, locate
 from decode.eagle3.head import Eagle3Head
 from decode.pair import ModelPair, load_draft, load_pair
-from decode.serving.eagle3_gguf import write_eagle3_gguf
+from decode.export.eagle3_gguf import write_eagle3_gguf
 from decode.sampling import SamplingParams
 from decode.serving.engine_costs import measure_engine_costs
-from decode.serving.formats import serving_copy
-from decode.serving.gguf import OUTTYPES, write_gguf
+from decode.export.formats import serving_copy
+from decode.export.gguf import OUTTYPES, write_gguf
 from decode.speculative import GammaPolicy
 from decode.serving.llama_server import Completion, LlamaServer, ServerSpec, find_binary
 from distill.domains import domain_config

@@ -33,11 +33,10 @@ from gguf.quants import QuantError, dequantize, quantize
 
 from decode.eagle3.head import Eagle3Config, Eagle3Head
 from decode.errors import ExportError, ExportMismatch
-from decode.serving.gguf import (OUTTYPES, _interleave_rotary_halves, _Writer, add_decoder_metadata, add_tokenizer,
-                                 rounded_as_written, write_atomically)
+from decode.export.gguf import (OUTTYPES, _interleave_rotary_halves, _Writer, add_decoder_metadata, add_tokenizer,
+                                rounded_as_written, write_atomically)
 
 ARCH = "eagle3"
-LLAMA_CPP_BUILD = "b11434"
 
 # the head's state_dict names -> llama.cpp's tensor names
 TENSOR_NAMES = {

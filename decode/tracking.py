@@ -13,11 +13,21 @@ import os
 import pathlib
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import List, Optional
 
 from decode.errors import ConfigError
-from train.config import LoggerConfig
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class LoggerConfig:
+    mode: str = "offline"  # offline | online | disabled
+    project: str = "specdraft"
+    entity: Optional[str] = None
+    tags: List[str] = field(default_factory=list)
+    log_model: bool = True
 
 _SECRET_MARKERS = ("key", "token", "secret", "password", "auth")
 # Token counts and tokenizer names are hyperparameters, not credentials: max_new_tokens must stay visible.

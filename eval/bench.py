@@ -1,4 +1,4 @@
-"""python -m decode.bench: one run, every mode side by side on the same prompts.
+"""python -m eval.bench: one run, every mode side by side on the same prompts.
 
 Modes: our autoregressive decoding, our speculative decoding (fixed and
 dynamic gamma), transformers `generate`, transformers assisted generation with

@@ -5,7 +5,7 @@ A draft model of its own (pair.draft.kind=causal_lm):
     <export>/draft/          HF safetensors + config + the target's tokenizer (vLLM, SGLang)
     <export>/draft.gguf      the same weights for llama.cpp (-md)
 
-An EAGLE-3 head (pair.draft.kind=eagle3; decode/serving/eagle3_export.py):
+An EAGLE-3 head (pair.draft.kind=eagle3; decode/export/eagle3_export.py):
 
     <export>/draft/          the speculators format (vLLM) + the target's tokenizer
     <export>/sglang/         the SpecForge format (SGLang)
@@ -38,13 +38,13 @@ from decode.files import published
 from decode.models import ModelSpec, load_model, locate, model_source
 from decode.results import EvalResult, ExportResult, GenerateResult, TrainResult
 from decode.sampling import SamplingParams
-from decode.serving.card import model_card
-from decode.serving.eagle3_export import (head_round_trip, read_back_heads, sglang_capture_layer_ids,
-                                          sglang_unsupported_reason, write_sglang_head)
-from decode.serving.eagle3_gguf import write_eagle3_gguf
-from decode.serving.engines import ServingTarget, eagle3_serving_flags, serving_flags, write_serving_files
-from decode.serving.formats import check_tokenizer, serving_copy
-from decode.serving.gguf import rounded_as_written, write_gguf
+from decode.export.card import model_card
+from decode.export.eagle3_export import (head_round_trip, read_back_heads, sglang_capture_layer_ids,
+                                         sglang_unsupported_reason, write_sglang_head)
+from decode.export.eagle3_gguf import write_eagle3_gguf
+from decode.export.engines import ServingTarget, eagle3_serving_flags, serving_flags, write_serving_files
+from decode.export.formats import check_tokenizer, serving_copy
+from decode.export.gguf import rounded_as_written, write_gguf
 from decode.serving.engine_costs import measure_engine_costs
 from decode.serving.llama_server import EAGLE3_SPEC_TYPE, LlamaServer, ServerError, ServerSpec, find_binary
 

@@ -3,7 +3,7 @@
     <export>/draft/     the speculators format (vLLM), which is the head's own checkpoint (decode/eagle3/head.py)
     <export>/sglang/    the SpecForge format (SGLang's LlamaForCausalLMEagle3): a one-layer Llama config, the layer's
                         tensors under midlayer.*
-    <export>/draft.gguf llama.cpp's (decode/serving/eagle3_gguf.py)
+    <export>/draft.gguf llama.cpp's (decode/export/eagle3_gguf.py)
 
 What the engines read, checked in SGLang 0.5.23 (srt/models/llama_eagle3.py, srt/models/llama.py,
 srt/model_executor/model_runner_components/spec_aux_hidden_state.py) and vLLM 0.33.0
@@ -32,7 +32,7 @@ from decode.eagle3.head import CHECKPOINT_FILE, Eagle3Config, Eagle3Head, defaul
     load_head
 from decode.errors import ExportError, ExportMismatch
 from decode.sampling import SamplingParams
-from decode.serving.eagle3_gguf import CHECK_TOLERANCE, eagle3_gguf_reference, first_step_logits, read_eagle3_gguf
+from decode.export.eagle3_gguf import CHECK_TOLERANCE, eagle3_gguf_reference, first_step_logits, read_eagle3_gguf
 
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SGLANG_LAYER_PREFIX = "midlayer."
