@@ -51,7 +51,7 @@ class TrainResult:
     on_policy_samples: int = 0
     on_policy_seconds: float = 0.0
     # EAGLE-3 heads: validation acceptance of each draft step at the end (the first is validation_acceptance_end),
-    # and the target's capture-layer states the head reads (distill/eagle3_features.py): the seconds of the
+    # and the target's capture-layer states the head reads (decode/kinds/eagle3/features.py): the seconds of the
     # forwards that computed them (a rerun reuses them and reports the first computation's), their tokens, and
     # the bytes of one token's states in memory
     validation_acceptance_steps: Optional[list] = None

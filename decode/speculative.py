@@ -15,20 +15,19 @@ Cache invariants between rounds, per row, with `length` tokens known:
   draft cache holds at least [0, length - 2): after a fully accepted round x_g
   and the bonus token are both pending, so each round starts by feeding the
   draft the last two tokens (rewriting one slot when only one was pending).
-An EAGLE-3 head (decode/eagle3/) reads the target's states instead: at head position P, g_P and token
-P + 1. Right after each verify it reads the verified positions (each row's accepted ones count; the
-rest are overwritten later), so its cache holds [0, length - 1) and its output at length - 2, which
-predicts token `length`, is ready for the next round.
+That is an independent draft's drafting; each draft kind says how it drafts (decode/drafting.py,
+decode/kinds/), e.g. an EAGLE-3 head reads the target's states instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import torch
 
-from decode.eagle3.runner import Eagle3Runner
+from decode.drafting import Drafter
+from decode.kinds.independent.drafter import IndependentDrafter
 from decode.lookup import copy_proposals
 from decode.metrics import DecodeMetrics, PhaseTimer
 from decode.runner import CausalLMRunner
@@ -123,11 +122,13 @@ class Generation:
 class SpeculativeDecoder:
     """Speculative decoding of a target with a draft, and the AR baseline on the same engine."""
 
-    def __init__(self, target: CausalLMRunner, draft: CausalLMRunner | Eagle3Runner | None,
-                 eos_token_ids: Sequence[int], pad_token_id: int = 0):
+    def __init__(self, target: CausalLMRunner, draft, eos_token_ids: Sequence[int], pad_token_id: int = 0,
+                 drafter: Callable[[object], Drafter] = IndependentDrafter):
+        """draft: the draft's runner (None: autoregressive only); drafter: its kind's drafting over that runner."""
         if draft is not None and draft.vocab_size != target.vocab_size:
             raise ValueError(f"draft vocabulary ({draft.vocab_size}) != target vocabulary ({target.vocab_size})")
         self.target, self.draft = target, draft
+        self.new_drafter = drafter
         self.device = target.device
         self.eos = torch.tensor(sorted(set(eos_token_ids)), dtype=torch.long, device=self.device)
         self.pad_token_id = pad_token_id
@@ -146,9 +147,9 @@ class SpeculativeDecoder:
         if speculative and record_top_k:
             raise ValueError("record_top_k is for autoregressive decoding (gamma=None)")
         state = _Batch(self, prompts, max_new_tokens, gamma.largest if speculative else 0, seed, record_top_k)
-        drafter = _drafter(self.draft) if speculative else None
+        drafter = self.new_drafter(self.draft) if speculative else None
         # an EAGLE-3 head reads the target's states at its capture layers: the target keeps them only then
-        self.target.capture_layers = getattr(drafter, "capture_layers", ())
+        self.target.capture_layers = drafter.capture_layers if speculative else ()
         timer = PhaseTimer(self.device)
         began = timer.start()
         self.target.reset(state.batch, state.capacity)
@@ -219,7 +220,7 @@ class _Batch:
         self.row_counts = torch.zeros(self.batch, 3, dtype=torch.long, device=device)  # drafted, accepted, rejected
         self.record_top_k = record_top_k
         self.recorded: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: ids, log-probs [B, k]
-        self.drafter: _IndependentDraft | _Eagle3Draft | None = None
+        self.drafter: Drafter | None = None
         self.target_hidden: torch.Tensor | None = None  # the last target forward's capture-layer states
 
     def _record(self, logits: torch.Tensor) -> None:
@@ -378,86 +379,3 @@ class _Batch:
             top_logprobs = [(ids[b][: len(tokens[b])], values[b][: len(tokens[b])]) for b in range(self.batch)]
         return Generation(tokens=tokens, metrics=metrics, stopped_by_eos=self.stopped_by_eos.tolist(),
                           top_logprobs=top_logprobs)
-
-
-def _drafter(draft) -> "_IndependentDraft | _Eagle3Draft":
-    return _Eagle3Draft(draft) if isinstance(draft, Eagle3Runner) else _IndependentDraft(draft)
-
-
-def _sample_steps(first_logits: torch.Tensor, gamma: int, sampling: SamplingParams, generator, next_logits,
-                  copies=None):
-    """gamma draws, each from the draft's last logits; next_logits(step, tokens) runs the draft on them.
-    copies (_Batch._copies) replaces a draw by a context copy where a row has one.
-    -> tokens [B, gamma], their distributions q [B, gamma, V], which were copies [B, gamma] (None without)."""
-    logits, tokens, probs, copied = first_logits, [], [], []
-    for step in range(gamma):
-        step_probs = probs_from_logits(logits[:, -1], sampling)
-        step_tokens = sample(step_probs, generator)
-        if copies is not None:
-            step_tokens, step_probs, step_copied = copies(step, step_tokens, step_probs)
-            copied.append(step_copied)
-        tokens.append(step_tokens)
-        probs.append(step_probs)
-        if step < gamma - 1:
-            logits = next_logits(step, step_tokens)
-    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1), torch.stack(copied, dim=1) if copied else None
-
-
-class _IndependentDraft:
-    """A draft model of its own: it reads the tokens, one forward per drafted token."""
-
-    def __init__(self, runner: CausalLMRunner):
-        self.runner = runner
-
-    def prefill(self, state: _Batch) -> None:
-        prompt_block = state.tokens[:, : state.longest_prompt]
-        start = torch.zeros(state.batch, dtype=torch.long, device=state.tokens.device)
-        no_logits = torch.empty(state.batch, 0, dtype=torch.long, device=state.tokens.device)
-        self.runner.forward(prompt_block, start, state.longest_prompt, logits_at=no_logits)
-
-    def propose(self, state: _Batch, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
-        start = state.lengths - 2
-        catch_up = state.tokens.gather(1, start[:, None] + torch.arange(2, device=start.device))
-        last = torch.ones(state.batch, 1, dtype=torch.long, device=start.device)
-        logits = self.runner.forward(catch_up, start, kv_len, logits_at=last)
-        return _sample_steps(logits, gamma, sampling, state.generator, lambda step, tokens: self.runner.forward(
-            tokens[:, None], state.lengths + step, kv_len), copies)
-
-    def verified(self, state: _Batch, new_tokens, accepted_counts, start, kv_len) -> None:
-        """Nothing to do: the next round's catch-up feeds the tokens this one added."""
-
-
-class _Eagle3Draft:
-    """An EAGLE-3 head: it reads the target's states of the tokens the target has seen, then its own.
-
-    Between rounds `ready` holds its logits and output at position length - 2 (predicting token `length`).
-    """
-
-    def __init__(self, runner: Eagle3Runner):
-        self.runner = runner
-        self.capture_layers = runner.capture_layers
-        self.ready: tuple[torch.Tensor, torch.Tensor] | None = None
-
-    def prefill(self, state: _Batch) -> None:
-        """Head position P < prompt length reads g_P and token P + 1 (the first answer token at the end)."""
-        width = state.longest_prompt
-        start = torch.zeros(state.batch, dtype=torch.long, device=state.tokens.device)
-        self.ready = self.runner.forward(state.tokens[:, 1: width + 1], state.target_hidden, start, width,
-                                         logits_at=(state.lengths - 2)[:, None])
-
-    def propose(self, state: _Batch, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
-        logits, hidden = self.ready
-
-        def next_logits(step, tokens):
-            nonlocal hidden  # the head's own output feeds its next step, at the next position
-            step_logits, hidden = self.runner.forward(tokens[:, None], hidden, state.lengths - 1 + step, kv_len,
-                                                      from_target=False)
-            return step_logits
-
-        return _sample_steps(logits, gamma, sampling, state.generator, next_logits, copies)
-
-    def verified(self, state: _Batch, new_tokens, accepted_counts, start, kv_len) -> None:
-        """The verify's positions start .. start + gamma with the tokens after them (new_tokens: the accepted
-        drafts, then the resampled or bonus token); the output at the last accepted one is kept."""
-        self.ready = self.runner.forward(new_tokens, state.target_hidden, start, kv_len,
-                                         logits_at=accepted_counts[:, None])

@@ -21,7 +21,6 @@ from functools import partial
 
 import torch
 
-from decode.eagle3.runner import Eagle3Runner
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams, probs_from_logits, sample
 from decode.speculative import SpeculativeDecoder, verify
@@ -120,31 +119,6 @@ def _prefill(runner: CausalLMRunner, tokens: torch.Tensor, length: int, capacity
     runner.forward(tokens[:, :length], start, length, logits_at=torch.tensor([[length - 1]], device=tokens.device))
 
 
-def _draft_probs(draft: CausalLMRunner | Eagle3Runner, tokens: torch.Tensor, context: int, max_gamma: int,
-                 sampling: SamplingParams) -> torch.Tensor:
-    """The draft's q [1, max_gamma, V] for tokens context + 1 .. context + max_gamma (also its prefill)."""
-    length = context + max_gamma
-    start = torch.zeros(1, dtype=torch.long, device=tokens.device)
-    positions = torch.arange(context, length, device=tokens.device)[None]
-    if isinstance(draft, Eagle3Runner):  # random states stand in for the target's: only the time counts
-        target_hidden = torch.randn(1, length, 3 * draft.head.config.target_hidden_size, dtype=draft.dtype,
-                                    device=tokens.device)
-        logits, _ = draft.forward(tokens[:, :length], target_hidden, start, length, logits_at=positions)
-    else:
-        logits = draft.forward(tokens[:, :length], start, length, logits_at=positions)
-    return probs_from_logits(logits, sampling)
-
-
-def _draft_forward(draft: CausalLMRunner | Eagle3Runner, tokens: torch.Tensor, start: torch.Tensor,
-                   kv_len: int) -> torch.Tensor:
-    """One draft step's logits: an EAGLE-3 head's step reads its own previous output (here a stand-in)."""
-    if isinstance(draft, Eagle3Runner):
-        own_hidden = torch.zeros(1, tokens.shape[1], draft.head.config.hidden_size, dtype=draft.dtype,
-                                 device=tokens.device)
-        return draft.forward(tokens, own_hidden, start, kv_len, from_target=False)[0]
-    return draft.forward(tokens, start, kv_len)
-
-
 @torch.inference_mode()
 def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, context: int, max_gamma: int,
                        repeats: int = REPEATS) -> StepCosts:
@@ -164,8 +138,9 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
     if draft is None:
         raise ValueError("step costs need a draft model")
     capacity = context + max_gamma + 1
-    # with an EAGLE-3 head the target's forwards also keep the states it reads, as they do when decoding
-    target.capture_layers = getattr(draft, "capture_layers", ())
+    drafter = decoder.new_drafter(draft)  # the draft's kind says how a draft step runs
+    # a drafter that reads the target's states (EAGLE-3) has the target keep them, as when decoding
+    target.capture_layers = drafter.capture_layers
     generator = torch.Generator(device=device).manual_seed(0)
     tokens = torch.randint(0, target.vocab_size, (1, capacity), device=device, generator=generator)
     start = torch.tensor([context], device=device)
@@ -173,7 +148,9 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
     try:
         _prefill(target, tokens, context, capacity)
         draft.reset(1, capacity)
-        draft_probs = _draft_probs(draft, tokens, context, max_gamma, sampling)
+        # the draft's q [1, max_gamma, V] for tokens context + 1 .. context + max_gamma (also its prefill)
+        positions = torch.arange(context, context + max_gamma, device=device)[None]
+        draft_probs = probs_from_logits(drafter.prefill_logits(tokens, context + max_gamma, positions), sampling)
 
         def step(forward):
             logits = forward(tokens[:, context: context + 1], start, context + 1)
@@ -184,7 +161,7 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
             verify(tokens[:, context + 1: context + gamma + 1], draft_probs[:, :gamma],
                    probs_from_logits(logits, sampling), generator)
 
-        steps = {"draft": partial(step, partial(_draft_forward, draft)),
+        steps = {"draft": partial(step, drafter.timed_step),
                  **{gamma: partial(verify_step, gamma) for gamma in range(1, max_gamma + 1)}}
         timings = _Timings(device)
         for repeat in range(repeats + 1):

@@ -15,7 +15,8 @@ import torch
 from decode.models import make_runner
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
-from distill.data import Example, examples_from_records
+from decode.examples import Example
+from distill.data import examples_from_records
 from distill.generate import answer_prompts, score_answers
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 
-from distill.data import Example
+from decode.examples import Example
 
 
 def target_mass(examples: list[Example]) -> Counter:

@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from decode.eagle3.head import new_head, save_head_files
+from decode.kinds.eagle3.head import new_head, save_head_files
 from decode.export.engines import ServingTarget, eagle3_serving_flags
 from decode.tiny import tiny_llama, tiny_tokenizer
 

@@ -24,7 +24,9 @@ from datasets import load_from_disk
 from transformers import AutoModelForCausalLM
 
 from decode.sampling import SamplingParams, probs_from_logits
-from distill.data import collate, examples_from_records
+from decode.examples import collate
+from decode.kinds.independent.objective import NextTokenObjective
+from distill.data import examples_from_records
 from distill.losses import masked_sum
 from decode.tracking import LoggerConfig, Tracker
 from train.config import MethodConfig
@@ -33,11 +35,12 @@ from train.recipe import DistillationRecipe
 
 def recipe(draft, examples, validation, grouped: bool, scratch: Path) -> DistillationRecipe:
     draft = copy.deepcopy(draft).train()
-    method = MethodConfig(group_by_length=grouped, autocast="off")
-    return DistillationRecipe(method, 0, draft, draft.config.vocab_size, 0, examples, validation,
-                              scratch / f"grouped-{grouped}", Accelerator(cpu=True),
+    method, accelerator = MethodConfig(group_by_length=grouped, autocast="off"), Accelerator(cpu=True)
+    objective = NextTokenObjective(draft, draft.config.vocab_size, accelerator.device)  # pruned: config.draft_vocab
+    return DistillationRecipe(method, 0, objective, draft.config.vocab_size, 0, examples, validation,
+                              scratch / f"grouped-{grouped}", accelerator,
                               Tracker(LoggerConfig(mode="disabled"), scratch, {}, "bench"),
-                              SamplingParams(temperature=0.7, top_p=0.9), list(draft.config.draft_vocab), None)
+                              SamplingParams(temperature=0.7, top_p=0.9))
 
 
 @torch.no_grad()
@@ -49,7 +52,7 @@ def full_vocabulary_validation(trainer: DistillationRecipe) -> float:
         kept_logits = trainer.draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                                     use_cache=False).logits
         logits = kept_logits.new_full((*kept_logits.shape[:-1], trainer.vocab_size), float("-inf"))
-        logits.index_copy_(-1, trainer.kept_ids, kept_logits)
+        logits.index_copy_(-1, trainer.objective.kept_ids, kept_logits)
         target_probs = probs_from_logits(batch["target_logprobs"], trainer.eval_sampling)
         draft_probs = probs_from_logits(logits, trainer.eval_sampling).gather(-1, batch["target_ids"])
         accepted += masked_sum(torch.minimum(target_probs, draft_probs).sum(-1), batch["loss_mask"]).item()

@@ -15,7 +15,8 @@ from decode.pair import encode_chat, load_pair
 from decode.sampling import SamplingParams
 from distill.config import DomainConfig
 from distill.conversations import chat_ids, chat_prompt_ids, context_messages, read_conversations
-from distill.data import Prompt, collate, examples_from_records, load_domain_prompts
+from decode.examples import collate
+from distill.data import Prompt, examples_from_records, load_domain_prompts
 from distill.generate import answer_prompts, cache_key, generate_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

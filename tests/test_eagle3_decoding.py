@@ -9,8 +9,9 @@ draft vocabulary; each must fail for a wrong acceptance rule.
 import pytest
 import torch
 
-from decode.eagle3.head import new_head
-from decode.eagle3.runner import Eagle3Runner
+from decode.kinds.eagle3.drafter import Eagle3Drafter
+from decode.kinds.eagle3.head import new_head
+from decode.kinds.eagle3.runner import Eagle3Runner
 from decode.hf_runner import HFRunner
 from decode.native import NativeLlamaRunner
 from decode.speculative import GammaPolicy, SpeculativeDecoder
@@ -38,7 +39,8 @@ def head_for(target, draft_ids=range(VOCAB), seed=1):
 
 def decoder_for(target, head, eos=()):
     return SpeculativeDecoder(NativeLlamaRunner(target, VOCAB),
-                              Eagle3Runner(head, target.get_input_embeddings().weight, VOCAB), eos_token_ids=list(eos))
+                              Eagle3Runner(head, target.get_input_embeddings().weight, VOCAB), eos_token_ids=list(eos),
+                              drafter=Eagle3Drafter)
 
 
 @pytest.fixture(params=list(RULES))
@@ -149,21 +151,20 @@ def test_both_target_runners_capture_what_each_layer_reads(target):
 
 def test_every_rounds_draft_is_the_training_unroll_on_the_same_tokens(target, monkeypatch):
     """What the head proposes in a round, after rejections and in a batch of mixed lengths, is what training
-    computes (train/eagle3_recipe.py) for the same tokens: the target's states of the known tokens, then the
+    computes (decode/kinds/eagle3/objective.py) for the same tokens: the target's states of the known tokens, then the
     head's own steps on the drafted ones. A head fed the wrong position, state or token would differ here."""
-    import decode.speculative as speculative
-    from train.eagle3_recipe import unrolled_draft_logits
+    from decode.kinds.eagle3.objective import unrolled_draft_logits
 
     head, sampling, gamma = head_for(target, seed=2), SETTINGS["temperature 1"], 3
     rounds = []
-    propose = speculative._Eagle3Draft.propose
+    propose = Eagle3Drafter.propose
 
     def recorded(self, state, drafting, sampling, kv_len, copies=None):
         tokens, probs, copied = propose(self, state, drafting, sampling, kv_len, copies)
         rounds.append((state.tokens.clone(), state.lengths.clone(), state.active.clone(), tokens, probs))
         return tokens, probs, copied
 
-    monkeypatch.setattr(speculative._Eagle3Draft, "propose", recorded)
+    monkeypatch.setattr(Eagle3Drafter, "propose", recorded)
     with one_thread():
         result = decoder_for(target, head).generate(MIXED_PROMPTS, 10, sampling, GammaPolicy(gamma=gamma), seed=7)
     assert 0 < result.metrics.accepted < result.metrics.drafted and len(rounds) > 3

@@ -10,18 +10,18 @@ import torch
 from safetensors.torch import load_file
 from transformers import LlamaConfig
 
-from decode.eagle3.head import Eagle3Config, Eagle3Head, load_head, new_head, save_head_files
+from decode.kinds.eagle3.head import Eagle3Config, Eagle3Head, load_head, new_head, save_head_files
 from decode.errors import ExportMismatch
 from decode.models import ModelSpec
 from decode.pair import encode_chat, load_draft
 from decode.export import eagle3_export
-from decode.export.eagle3_export import (load_sglang_head, layout_difference, logit_difference,
+from decode.kinds.eagle3.export import (load_sglang_head, layout_difference, logit_difference,
                                          sglang_unsupported_reason, write_sglang_head)
-from decode.export.eagle3_gguf import write_eagle3_gguf
+from decode.kinds.eagle3.gguf import write_eagle3_gguf
 from decode.export.engines import ServingTarget, eagle3_serving_flags, write_serving_files
 from decode.export.gguf import write_gguf
 from decode.serving.llama_server import EAGLE3_SPEC_TYPE, ServerSpec
-from decode.export.stage import eagle3_engine_check
+from decode.kinds.eagle3.export import eagle3_engine_check
 from decode.tiny import tiny_llama, tiny_tokenizer
 from tests.test_export import export_run
 

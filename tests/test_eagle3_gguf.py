@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from decode.eagle3.head import new_head
+from decode.kinds.eagle3.head import new_head
 from decode.errors import ExportError, ExportMismatch
 from decode.export import eagle3_gguf
-from decode.export.eagle3_gguf import (
+from decode.kinds.eagle3.gguf import (
                                        check_eagle3_gguf,
                                        draft_layer,
                                        eagle3_gguf_logit_difference,

@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 
-import distill.eagle3_features
-import train.eagle3_stage
+import decode.kinds.eagle3.features
+import decode.kinds.eagle3.kind
 from decode.config import DecodeConfig
 from decode.context import RunContext
-from decode.eagle3.head import load_head, new_head
+from decode.kinds.eagle3.head import load_head, new_head
 from decode.errors import ConfigError, TrainingDiverged
 from decode.models import ModelSpec
 from decode.pair import ModelPair, load_pair
@@ -20,13 +20,14 @@ from decode.results import TrainResult, load_result, save_result
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.config import DomainConfig, GenerateConfig
 from distill.data import DomainPrompts, Prompt, examples_from_records
-from distill.eagle3_features import capture_hidden_states, collate_with_target_hidden
+from decode.kinds.eagle3.features import capture_hidden_states, collate_with_target_hidden
 from distill.generate import answer_prompts
 from distill.losses import masked_sum
 from distill.stage import target_answers
 from decode.tracking import LoggerConfig, Tracker
 from train.config import LoraSettings, MethodConfig
-from train.eagle3_recipe import Eagle3Recipe, unrolled_draft_logits
+from decode.kinds.eagle3.objective import UnrolledObjective, unrolled_draft_logits
+from train.recipe import DistillationRecipe
 from train.stage import run_train
 
 CAPTURE_LAYERS = [0, 1, 3]  # of the 4-layer tiny target
@@ -53,7 +54,7 @@ def featured_examples(pair):
                              3, seed=0, show_progress=False, top_k_logprobs=16)
     examples = examples_from_records(answers, 512)
     flat, offsets = capture_hidden_states(pair.target, [e.input_ids for e in examples], CAPTURE_LAYERS, 4)
-    features = distill.eagle3_features.TargetFeatures(flat, offsets, 0.0, None)
+    features = decode.kinds.eagle3.features.TargetFeatures(flat, offsets, 0.0, None)
     return features.with_examples(examples)
 
 
@@ -69,10 +70,12 @@ def fresh_head(pair, kept=None):
 
 
 def make_recipe(pair, examples, directory, head=None, **overrides):
-    return Eagle3Recipe(settings(**overrides), 0, head if head is not None else fresh_head(pair),
-                        pair.target.get_input_embeddings().weight, pair.vocab_size, 0, examples, examples[:2],
-                        directory / "checkpoints", Accelerator(cpu=True),
-                        Tracker(LoggerConfig(mode="disabled"), directory, {}, "test"), SamplingParams(temperature=0.7))
+    method, accelerator = settings(**overrides), Accelerator(cpu=True)
+    objective = UnrolledObjective(head if head is not None else fresh_head(pair), pair.target.get_input_embeddings().weight,
+                                  pair.vocab_size, method.ttt_steps, method.ttt_step_weight, accelerator.device)
+    return DistillationRecipe(method, 0, objective, pair.vocab_size, 0, examples, examples[:2],
+                              directory / "checkpoints", accelerator,
+                              Tracker(LoggerConfig(mode="disabled"), directory, {}, "test"), SamplingParams(temperature=0.7))
 
 
 def fixed_batch_loss(recipe, examples):
@@ -168,7 +171,7 @@ def whole_vocabulary_acceptance(recipe, examples) -> list[float]:
     batch = collate_with_target_hidden(examples, 0)
     length = batch["input_ids"].shape[1]
     figures = []
-    for step, draft_logits in enumerate(recipe._step_logits(batch)):
+    for step, draft_logits in enumerate(recipe.objective._step_logits(recipe.draft, batch, recipe.precision.autocast)):
         shift = step + 1
         full = head.full_vocab_logits(draft_logits[:, : length - shift].float())[..., : recipe.vocab_size]
         target_probs = probs_from_logits(batch["target_logprobs"][:, shift:], recipe.eval_sampling)
@@ -234,7 +237,7 @@ def test_a_nan_loss_stops_and_keeps_the_last_good_checkpoint(pair, featured_exam
 
 
 def test_the_bf16_probe_times_a_step_of_the_unrolled_head(pair, featured_examples, tmp_path, monkeypatch):
-    import train.eagle3_recipe
+    import train.recipe
 
     timed = []
 
@@ -244,7 +247,7 @@ def test_the_bf16_probe_times_a_step_of_the_unrolled_head(pair, featured_example
         return 1.5
 
     recipe = make_recipe(pair, featured_examples, tmp_path, max_steps=1)
-    monkeypatch.setattr(train.eagle3_recipe, "cpu_bf16_speedup", time_once)
+    monkeypatch.setattr(train.recipe, "cpu_bf16_speedup", time_once)
     assert recipe._bf16_speedup(recipe.draft) == 1.5
     assert timed[0][:2] == (2 * 64, 64) and all(timed[0][2])  # every weight of the head got a gradient
     assert all(p.grad is None for p in recipe.draft.parameters())
@@ -287,8 +290,8 @@ def answered(pair, tmp_path_factory):
 
 
 def test_the_train_stage_saves_a_head_that_reloads_with_the_same_logits(pair, answered, tmp_path, monkeypatch):
-    saved, real_save = [], train.eagle3_stage.save_head
-    monkeypatch.setattr(train.eagle3_stage, "save_head",
+    saved, real_save = [], decode.kinds.eagle3.kind.save_head
+    monkeypatch.setattr(decode.kinds.eagle3.kind, "save_head",
                         lambda head, *args: saved.append(head) or real_save(head, *args))
     ctx = stage_context(pair, tmp_path / "run")
     result = run_train(ctx, settings(max_steps=2, prune_vocab=64), DOMAIN, GENERATE, DECODE, PROMPTS)
@@ -323,7 +326,7 @@ def test_a_rerun_reuses_the_target_states(pair, answered, tmp_path, monkeypatch)
     def never(*args, **kwargs):
         raise AssertionError("the target's states were computed again")
 
-    monkeypatch.setattr(distill.eagle3_features, "capture_hidden_states", never)
+    monkeypatch.setattr(decode.kinds.eagle3.features, "capture_hidden_states", never)
     again = run_train(stage_context(pair, tmp_path / "again"), method, DOMAIN, GENERATE, DECODE, PROMPTS)
     assert again.feature_seconds == first.feature_seconds and again.feature_tokens == first.feature_tokens
 

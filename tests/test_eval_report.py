@@ -270,7 +270,7 @@ def test_a_domains_system_prompt_reaches_the_report(monkeypatch):
 def test_the_report_compares_an_independent_draft_and_an_eagle3_head_side_by_side(tmp_path):
     """eval.drafts=[<a draft of its own>, <an EAGLE-3 head>]: both decoded on the same prompts, each with its
     figures and step costs."""
-    from decode.eagle3.head import new_head, save_head_files
+    from decode.kinds.eagle3.head import new_head, save_head_files
 
     pair = load_pair(TINY.target, TINY.draft)
     save_head_files(new_head(pair.target, list(range(pair.vocab_size)), capture_layers=[0, 1, 3]), tmp_path / "head")

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from decode.sampling import SamplingParams, probs_from_logits
-from train.recipe import expected_acceptance
+from train.recipe import acceptance_chance
 
 VOCAB, KEPT, TOP = 3000, 1500, 16
 
@@ -35,11 +35,11 @@ def test_a_pruned_draft_scores_as_its_full_vocabulary_with_the_rest_at_minus_inf
     target_top_logits[..., 0] += 4  # the target likes best what the draft likes best: min(p, q) > 0 everywhere
     target_top_logprobs = torch.log_softmax(target_top_logits, -1)
 
-    pruned = expected_acceptance(kept_logits, target_top_logprobs, target_top_ids, sampling, kept_index)
+    pruned = acceptance_chance(kept_logits, target_top_logprobs, target_top_ids, sampling, kept_index)
     reference = full_vocabulary_reference(full_logits, target_top_logprobs, target_top_ids, sampling)
     assert pruned.shape == (2, 5)
     assert torch.allclose(pruned, reference, atol=1e-6)
     assert (reference > 0).all()  # the kept tokens carry mass: a comparison of zeros proves nothing
-    unpruned = expected_acceptance(full_logits.masked_fill(full_logits.isinf(), -1e4), target_top_logprobs,
+    unpruned = acceptance_chance(full_logits.masked_fill(full_logits.isinf(), -1e4), target_top_logprobs,
                                    target_top_ids, sampling)
     assert torch.allclose(unpruned, reference, atol=1e-6)

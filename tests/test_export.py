@@ -150,7 +150,7 @@ def export_run(tmp_path, stages, overrides=()):
 
 
 def test_a_failed_export_leaves_the_previous_one_intact(tmp_path, monkeypatch):
-    import decode.export.stage
+    import decode.kinds.independent.export
 
     export_run(tmp_path, ["generate", "train", "export"])
     export = tmp_path / "run" / "export"
@@ -159,7 +159,7 @@ def test_a_failed_export_leaves_the_previous_one_intact(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(decode.export.stage, "write_gguf", broken)
+    monkeypatch.setattr(decode.kinds.independent.export, "write_gguf", broken)
     with pytest.raises(OSError, match="disk full"):
         export_run(tmp_path, ["export"])
     assert {path.name: path.read_bytes() for path in export.rglob("*") if path.is_file()} == before
@@ -167,11 +167,11 @@ def test_a_failed_export_leaves_the_previous_one_intact(tmp_path, monkeypatch):
 
 
 def test_a_failed_round_trip_is_a_mismatch_not_a_configuration_error(tmp_path, monkeypatch):
-    import decode.export.stage
+    import decode.kinds.independent.export
     from decode.errors import ConfigError, ExportMismatch
 
     export_run(tmp_path, ["generate", "train"], ["export.gguf=false"])
-    real_load = decode.export.stage.load_model
+    real_load = decode.kinds.independent.export.load_model
 
     def perturbed(spec):  # the exported copy reads back with other weights
         model = real_load(spec)
@@ -181,7 +181,7 @@ def test_a_failed_round_trip_is_a_mismatch_not_a_configuration_error(tmp_path, m
                     parameter.add_(torch.randn_like(parameter))
         return model
 
-    monkeypatch.setattr(decode.export.stage, "load_model", perturbed)
+    monkeypatch.setattr(decode.kinds.independent.export, "load_model", perturbed)
     with pytest.raises(ExportMismatch, match="decodes differently") as error:
         export_run(tmp_path, ["export"], ["export.gguf=false"])
     assert not isinstance(error.value, ConfigError) and error.value.exit_code != ConfigError.exit_code
@@ -240,16 +240,16 @@ def test_a_retrained_draft_is_never_exported_with_the_previous_drafts_figures(tm
 def test_with_context_copies_the_engines_get_the_figures_of_the_draft_alone(tmp_path, monkeypatch):
     """Copies run only in this project's decoder: llama.cpp's gamma and the card's engine figures come from the
     eval's pass without them."""
-    import decode.export.stage
+    import decode.kinds.independent.export
 
     told = []
-    real = decode.export.stage.write_causal_lm_draft
+    real = decode.kinds.independent.export.write_draft
 
     def recording(job, staging):
         told.append(job.token_acceptance)
         return real(job, staging)
 
-    monkeypatch.setattr(decode.export.stage, "write_causal_lm_draft", recording)
+    monkeypatch.setattr(decode.kinds.independent.export, "write_draft", recording)
     _, summary = export_run(tmp_path, ["generate", "train", "eval", "export"], ["decode.copy_ngram=1"])
     alone, after = summary["eval"]["draft_alone"], summary["eval"]["after"]
     assert alone["copied"] == 0 and after["copied"] > 0

@@ -67,9 +67,8 @@ def test_training_mixes_fresh_draft_samples_into_every_step(tiny_pair, tiny_exam
     draft = copy.deepcopy(tiny_pair.draft).float().train()
     if kept_ids:
         draft.config.draft_vocab = kept_ids
-    recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, draft=draft, kept_ids=kept_ids,
-                         on_policy=sampler(tiny_pair), on_policy_fraction=0.5, on_policy_every=2, max_steps=4,
-                         lr=1e-2)
+    recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, draft=draft, on_policy=sampler(tiny_pair),
+                         on_policy_fraction=0.5, on_policy_every=2, max_steps=4, lr=1e-2)
     assert (recipe.on_policy_per_step, recipe.offline_per_step) == (2, 2)
     first_pool = recipe._on_policy_examples(0)
     assert first_pool == recipe.on_policy_pool[:2] and recipe.on_policy_refresh == 0

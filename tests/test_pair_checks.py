@@ -6,7 +6,8 @@ import torch
 from decode.errors import PairError
 from decode.models import ModelSpec, derive_draft, load_model, load_tokenizer, locate, make_runner
 from decode.native import NativeLlamaRunner
-from decode.pair import check_pair, load_pair, tokenizer_differences
+from decode.pair import check_pair, load_pair
+from decode.tokenizers import tokenizer_differences
 from decode.tiny import tiny_llama, tiny_tokenizer
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from decode.eagle3.head import new_head, save_head_files
+from decode.kinds.eagle3.head import new_head, save_head_files
 from decode.config import PairConfig
 from decode.errors import ConfigError
 from decode.files import point_symlink

@@ -23,7 +23,7 @@ from decode.export.engines import ServingTarget, serving_flags, write_serving_fi
 from decode.export.gguf import write_gguf
 from decode.serving.llama_cpp_build import cmake_args
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary, free_port
-from decode.export.stage import engine_check, engine_warning
+from decode.export.engine_check import engine_check, engine_warning
 from decode.tiny import tiny_llama, tiny_tokenizer
 from eval.monitor.config import MetricsSource, MonitorConfig
 from eval.monitor.watch import run as run_monitor

@@ -23,6 +23,7 @@ from train import config as train_config
 from decode.tracking import LoggerConfig, Tracker
 from train.config import MethodConfig
 from train.pipeline import run_directory, validate
+from decode.kinds.independent.objective import NextTokenObjective
 from train.recipe import DistillationRecipe
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -187,18 +188,20 @@ def settings(**overrides):
     return MethodConfig(**{**base, **overrides})
 
 
-def make_recipe(pair, examples, tmp_path, draft=None, kept_ids=None, on_policy=None, **overrides):
+def make_recipe(pair, examples, tmp_path, draft=None, on_policy=None, **overrides):
+    """A recipe over a copy of the pair's draft (or `draft`, pruned when its config.draft_vocab says so)."""
     import copy
 
     draft = draft if draft is not None else copy.deepcopy(pair.draft).float().train()
-    return DistillationRecipe(settings(**overrides), 0, draft, pair.vocab_size, 0, examples, examples[:2],
-                              tmp_path / "checkpoints", Accelerator(cpu=True),
+    accelerator = Accelerator(cpu=True)
+    return DistillationRecipe(settings(**overrides), 0, NextTokenObjective(draft, pair.vocab_size, accelerator.device),
+                              pair.vocab_size, 0, examples, examples[:2], tmp_path / "checkpoints", accelerator,
                               Tracker(LoggerConfig(mode="disabled"), tmp_path, {}, "test"),
-                              SamplingParams(temperature=0.7), kept_ids, on_policy)
+                              SamplingParams(temperature=0.7), on_policy)
 
 
 def fixed_batch_loss(recipe, examples):
-    from distill.data import collate
+    from decode.examples import collate
     from distill.losses import masked_sum
 
     batch = recipe._to_device(collate(examples, 0))
@@ -329,7 +332,7 @@ def test_a_pruned_draft_trains_on_its_kept_tokens_and_decodes_with_q_zero_elsewh
     assert set(heaviest) <= set(kept)
     draft = copy.deepcopy(tiny_pair.draft).float().train()
     draft.config.draft_vocab = kept
-    recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, draft=draft, kept_ids=kept, max_steps=2)
+    recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, draft=draft, max_steps=2)
     before = fixed_batch_loss(recipe, tiny_examples)
     recipe.train()
     assert fixed_batch_loss(recipe, tiny_examples) < before

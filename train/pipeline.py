@@ -18,9 +18,9 @@ from decode.errors import ConfigError, ExportError
 from decode.files import write_json
 from decode.results import EvalResult, GenerateResult, TrainResult, load_result, roll_up, save_result
 from decode.models import model_fingerprint
+from decode.kinds.registry import KINDS, kind_named
 from decode.pair import load_pair
 from decode.precision import SETTINGS as AUTOCAST_SETTINGS
-from decode.export.gguf import gguf_unsupported_reason
 from decode.export.stage import run_export
 from distill.conversations import chat_prompt_ids
 from distill.data import load_domain_prompts, shipped_domains
@@ -30,7 +30,6 @@ from distill.served_answers import answer_source
 from distill.stage import target_answers
 from eval.stage import run_eval
 from train.config import STAGES, TrainConfig, as_dict
-from train.eagle3_stage import check_eagle3_method
 from train.stage import run_train
 
 log = logging.getLogger(__name__)
@@ -62,8 +61,7 @@ def validate(config: TrainConfig) -> None:
     for key, setting in (("method.autocast", method.autocast), ("generate.autocast", config.generate.autocast)):
         if setting not in AUTOCAST_SETTINGS:
             raise ConfigError(f"{key} must be one of {AUTOCAST_SETTINGS}, got {setting!r}")
-    if config.pair.draft.kind == "eagle3":
-        check_eagle3_method(method)
+    kind_named(config.pair.draft.kind).check_method(method)
     if method.max_length < 16:
         raise ConfigError(f"method.max_length must be >= 16 tokens, got {method.max_length}")
     config.decode.validate()
@@ -92,8 +90,8 @@ def run_directory(config: TrainConfig) -> Path:
 
 def check_export_support(config: TrainConfig, pair) -> None:
     """An export the GGUF writer cannot make is refused now, not after hours of generation and training."""
-    if "export" in config.stages and config.export.gguf and pair.draft_kind == "causal_lm":
-        reason = gguf_unsupported_reason(pair.draft.config, config.export.gguf_type)
+    if "export" in config.stages:
+        reason = pair.kind.export_problem(pair.draft, config.export)
         if reason:
             raise ExportError(reason)
 
@@ -131,7 +129,7 @@ class Pipeline:
                 if result is not None and ctx.is_main_process:
                     save_result(ctx.run_dir, result)
                 stage_seconds[name] = round(time.perf_counter() - began, 1)
-        identity = {"domain": config.domain.name, "method": config.method.name, "draft_kind": ctx.pair.draft_kind,
+        identity = {"domain": config.domain.name, "method": config.method.name, "draft_kind": ctx.pair.kind.name,
                     "run_dir": str(ctx.run_dir)}
         summary = roll_up(ctx.run_dir, identity, stage_seconds)
         if ctx.is_main_process:
@@ -166,7 +164,8 @@ class Pipeline:
 
 def format_summary(summary: dict, run_dir: Path) -> str:
     """One screen: what the run produced and how good it is."""
-    kind = " / EAGLE-3 head" if summary.get("draft_kind") == "eagle3" else ""
+    kind = KINDS.get(summary.get("draft_kind"))
+    kind = f" / {kind.title}" if kind and kind.title else ""
     lines = [f"== {summary['domain']} / {summary['method']}{kind} =="]
     evaluated = summary.get("eval")
     if evaluated:

@@ -12,10 +12,11 @@ import yaml
 from decode.results import EvalResult, GenerateResult, TrainResult
 
 
-def model_card(record: dict, evaluated: EvalResult | None, trained: TrainResult | None,
+def model_card(record: dict, kind, evaluated: EvalResult | None, trained: TrainResult | None,
                generated: GenerateResult | None, config: dict) -> str:
-    """record: the export's paths, gamma and flags; evaluated / trained / generated: the records of this draft's
-    eval, training and data (None when absent); config: the resolved settings."""
+    """record: the export's paths, gamma and flags; kind: the draft's (decode/kinds/base.py), which says what the
+    draft is; evaluated / trained / generated: the records of this draft's eval, training and data (None when
+    absent); config: the resolved settings."""
     domain, generate, method = config["domain"], config["generate"], config["method"]
     flags = record["flags"]
     lines = [f"# Draft model for speculative decoding: {domain['name']}", ""]
@@ -30,14 +31,19 @@ def model_card(record: dict, evaluated: EvalResult | None, trained: TrainResult 
         f"- method: {method['name']}, loss {method['loss']}, lr {method['lr']}"
         + (f", {trained.steps} steps" if trained else "")
         + (f", LoRA r={method['lora']['r']} (merged)" if method.get("lora") else ""),
-        *_draft_lines(record), *_eval_lines(evaluated, record["gamma"]), "",
-        "## Serving", "", _files_line(record["files"]), "", "vLLM:", "", "```", _command(flags["vllm"]), "```", ""]
+        *kind.card_lines(record), *_eval_lines(evaluated, record["gamma"]), "",
+        "## Serving", "", _files_line(record["files"]), ""]
+    if not flags:
+        lines += [f"No engine serves this kind of draft ({record['draft_kind']}): the weights are for this "
+                  f"project's decoder (pair.draft.path=<this directory>).", ""]
+    if "vllm" in flags:
+        lines += ["vLLM:", "", "```", _command(flags["vllm"]), "```", ""]
     if "sglang" in flags:
         lines += ["SGLang:", "", "```", _command(flags["sglang"]), "```", ""]
     if "llama_cpp" in flags:
         lines += ["llama.cpp:", "", "```", _command(flags["llama_cpp"]), "```", ""]
         lines += _engine_lines(record["round_trip"].get("engine") or {})
-    lines += _eagle3_notes(record["eagle3"]) if record["draft_kind"] == "eagle3" else _pruned_vocab_note(record)
+    lines += kind.card_notes(record)
     lines += ["## Provenance", "", f"- git commit: {_git_commit()}", f"- command line: `{_command(sys.argv)}`", "",
               "Resolved configuration:", "", "```yaml", yaml.safe_dump(config, sort_keys=False).rstrip(), "```", ""]
     return "\n".join(lines)
@@ -46,41 +52,11 @@ def model_card(record: dict, evaluated: EvalResult | None, trained: TrainResult 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llama_cpp": "llama.cpp"}
 
 
-def _draft_lines(record: dict) -> list[str]:
-    if record["draft_kind"] != "eagle3":
-        return [f"- draft vocabulary: {record['draft_vocab_size'] or 'full'}"]
-    eagle3 = record["eagle3"]
-    return [f"- draft: an EAGLE-3 head (one decoder layer over the target's hidden states), reading the residual "
-            f"stream entering target layers {eagle3['capture_layers']} (of {eagle3['target_layers']})",
-            f"- draft vocabulary: {record['draft_vocab_size']} of the target's {eagle3['vocab_size']} tokens"]
-
-
 def _files_line(files: dict) -> str:
     by_file = {}
     for engine, name in files.items():
         by_file.setdefault(name, []).append(ENGINE_NAMES[engine])
     return "Files: " + ", ".join(f"`{name}` ({', '.join(engines)})" for name, engines in by_file.items()) + "."
-
-
-def _pruned_vocab_note(record: dict) -> list[str]:
-    if not record["draft_vocab_size"]:
-        return []
-    return ["The draft keeps a pruned vocabulary: the output rows of the other tokens are zero here "
-            "(engines give them a small probability); this project's decoder reads `draft_vocab` from "
-            "config.json and gives them probability 0.", ""]
-
-
-def _eagle3_notes(eagle3: dict) -> list[str]:
-    lines = ["The head proposes only its draft vocabulary: draft token i is target token i + d2t[i] (`d2t` in both "
-             "safetensors files; draft.gguf stores the target ids themselves).", ""]
-    if eagle3["sglang_capture_layer_ids"] is not None:
-        lines += [f"`sglang/config.json` names the capture layers as `eagle_config.eagle_aux_hidden_state_layer_ids` "
-                  f"= {eagle3['sglang_capture_layer_ids']}: SGLang reads an explicit id as the output of that layer "
-                  f"(it adds 1), where vLLM and llama.cpp read {eagle3['capture_layers']} as the layers entered. "
-                  f"The default layers [2, N // 2, N - 3] are named nowhere: every engine reads them alike.", ""]
-    if "sglang_skipped" in eagle3:
-        lines += [f"No SGLang directory: {eagle3['sglang_skipped']}.", ""]
-    return lines + [f"llama.cpp step costs: {eagle3['llama_cpp_step_costs']}.", ""]
 
 
 def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:

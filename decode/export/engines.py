@@ -73,7 +73,8 @@ def write_serving_files(directory: Path, flags: dict, warning: str | None = None
     A script passes its own arguments on to the engine (`llama_cpp.sh --port 8081`); llama_cpp.sh runs
     $LLAMA_SERVER when set (the serving extra installs the binary inside its package, not on PATH)."""
     directory.mkdir(parents=True, exist_ok=True)
-    (directory / "vllm.json").write_text(json.dumps(flags["vllm_speculative_config"], indent=2) + "\n")
+    if "vllm_speculative_config" in flags:
+        (directory / "vllm.json").write_text(json.dumps(flags["vllm_speculative_config"], indent=2) + "\n")
     header = f"# WARNING: {warning}\n" if warning else ""
     for engine in ("vllm", "sglang", "llama_cpp"):
         if engine in flags:

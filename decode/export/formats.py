@@ -14,7 +14,7 @@ import torch
 from transformers import AutoTokenizer
 
 from decode.errors import ExportError
-from decode.pair import tokenizer_differences
+from decode.tokenizers import tokenizer_differences
 
 
 def serving_copy(draft: torch.nn.Module) -> torch.nn.Module:

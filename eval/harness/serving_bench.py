@@ -37,9 +37,8 @@ from decode.config import PairConfig
 from decode.errors import ConfigError, SpecdraftError
 from decode.files import write_json, write_text
 from decode.models import ModelSpec, derive_draft, load_model, locate
-from decode.eagle3.head import Eagle3Head
+from decode.kinds.registry import kind_of
 from decode.pair import ModelPair, load_draft, load_pair
-from decode.export.eagle3_gguf import write_eagle3_gguf
 from decode.sampling import SamplingParams
 from decode.serving.engine_costs import measure_engine_costs
 from decode.export.formats import serving_copy
@@ -126,16 +125,16 @@ def served_drafts(pair: ModelPair, settings: ServingBenchConfig, tokenizer_gguf:
         exported = Path(path, "draft.gguf")
         if path.endswith(".gguf") or exported.is_file():
             drafts.append(ServedDraft(path, path if path.endswith(".gguf") else str(exported), model))
-        elif isinstance(model, Eagle3Head):
-            drafts.append(ServedDraft(path, str(write_eagle3_gguf(
-                model, pair.tokenizer, directory / f"draft{number}.gguf", tokenizer_source_gguf=tokenizer_gguf,
-                outtype=settings.gguf_type)), model))
         elif getattr(model.config, "draft_vocab", None):
             drafts.append(ServedDraft(f"{path} (trained-rows)", written(model, f"draft{number}-trained-rows"), model))
             zero_rows = serving_copy(load_model(ModelSpec(path=path, dtype="float32", device="cpu")))
             drafts.append(ServedDraft(f"{path} (zero-rows)", written(zero_rows, f"draft{number}-zero-rows"), model))
         else:
-            drafts.append(ServedDraft(path, written(model, f"draft{number}"), model))
+            gguf = kind_of(model).engine_gguf(model, pair.tokenizer, directory / f"draft{number}.gguf", tokenizer_gguf,
+                                              settings.gguf_type)
+            if gguf is None:
+                raise ConfigError(f"{path}: llama.cpp serves no {kind_of(model).name} draft")
+            drafts.append(ServedDraft(path, str(gguf), model))
     return drafts
 
 
@@ -190,10 +189,11 @@ def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchCo
     gguf_dir = output_dir / "gguf"
     target = target_gguf(pair, pair_config.target, gguf_dir, settings.gguf_type)
     drafts = served_drafts(pair, settings, target, gguf_dir, pair_config.draft.derive_layers or 1)
-    # llama-bench cannot run an EAGLE-3 head without its target: no engine step costs (nor predictions) for heads
+    # llama-bench cannot run a draft that reads its target (an EAGLE-3 head) alone: no engine step costs (nor
+    # predictions) for those
     costs = {draft.label: measure_engine_costs(binary, target, draft.gguf, settings.threads,
                                                max_gamma=settings.gamma)
-             for draft in drafts if draft.gguf and not isinstance(draft.model, Eagle3Head)}
+             for draft in drafts if draft.gguf and kind_of(draft.model).gguf_runs_alone}
     results: dict[str, dict[str, dict]] = {}
     reference_tokens: dict[str, list[list[int]]] = {}
     decoder_alphas: dict[tuple[int, str], float] = {}  # one decode per model and domain (two GGUFs may share one)

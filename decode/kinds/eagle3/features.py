@@ -22,7 +22,7 @@ from safetensors.torch import load_file, save_file
 
 from decode.files import published
 from decode.models import cache_root
-from distill.data import Example, collate
+from decode.examples import Example, collate
 
 log = logging.getLogger(__name__)
 

@@ -1,9 +1,11 @@
 """An EAGLE-3 head in the formats the engines load, each read back the way its engine reads it.
 
-    <export>/draft/     the speculators format (vLLM), which is the head's own checkpoint (decode/eagle3/head.py)
+    <export>/draft/     the speculators format (vLLM), which is the head's own checkpoint (decode/kinds/eagle3/head.py)
     <export>/sglang/    the SpecForge format (SGLang's LlamaForCausalLMEagle3): a one-layer Llama config, the layer's
                         tensors under midlayer.*
-    <export>/draft.gguf llama.cpp's (decode/export/eagle3_gguf.py)
+    <export>/draft.gguf llama.cpp's (decode/kinds/eagle3/gguf.py)
+
+written by write_draft with the engines' flags, the read-back checks and the engine check.
 
 What the engines read, checked in SGLang 0.5.23 (srt/models/llama_eagle3.py, srt/models/llama.py,
 srt/model_executor/model_runner_components/spec_aux_hidden_state.py) and vLLM 0.33.0
@@ -28,12 +30,20 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from decode.eagle3.head import CHECKPOINT_FILE, Eagle3Config, Eagle3Head, default_capture_layers, head_state_dict, \
-    load_head
 from decode.errors import ExportError, ExportMismatch
+from decode.export.engine_check import missing_server, served_draft_counts
+from decode.export.engines import eagle3_serving_flags
+from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
+from decode.kinds.eagle3.gguf import (CHECK_TOLERANCE, eagle3_gguf_reference, first_step_logits, read_eagle3_gguf,
+                                      write_eagle3_gguf)
+from decode.kinds.eagle3.head import (CHECKPOINT_FILE, Eagle3Config, Eagle3Head, default_capture_layers,
+                                      head_state_dict, load_head, save_head_files)
 from decode.sampling import SamplingParams
-from decode.export.eagle3_gguf import CHECK_TOLERANCE, eagle3_gguf_reference, first_step_logits, read_eagle3_gguf
+from decode.serving.llama_server import EAGLE3_SPEC_TYPE, ServerSpec
 
+# llama-bench runs a draft GGUF alone, and an EAGLE-3 head needs its target's context (b11434 fails with "eagle3
+# requires ctx_other to be set")
+EAGLE3_ENGINE_COSTS = "not measured (llama-bench cannot run an EAGLE-3 draft without its target)"
 SGLANG_ARCHITECTURE = "LlamaForCausalLMEagle3"
 SGLANG_LAYER_PREFIX = "midlayer."
 HEAD_LAYER_PREFIX = "layers.0."
@@ -227,3 +237,53 @@ def layout_difference(reference: Eagle3Head, head: Eagle3Head) -> str | None:
     if not torch.equal(reference.draft_token_ids.cpu(), head.draft_token_ids.cpu()):
         return "a different draft vocabulary (d2t)"
     return None
+
+
+def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
+    """An EAGLE-3 head: the speculators directory (vLLM), the SpecForge directory (SGLang, when it can serve the
+    head) and the EAGLE-3 GGUF (llama.cpp)."""
+    ctx, settings = job.ctx, job.settings
+    head = ctx.load_trained_draft()
+    target_layers = ctx.pair.target.config.num_hidden_layers
+    save_head_files(head, staging / "draft", job.gamma, verifier=job.target.hf_path)
+    save_target_tokenizer(ctx, staging / "draft")  # so that pair.draft.path=<export> finds the target's tokens
+    sglang_skipped = sglang_unsupported_reason(head.config)
+    sglang_dir = None if sglang_skipped else write_sglang_head(head, staging / "sglang", target_layers)
+    gguf_path = None
+    if settings.gguf:
+        gguf_path = write_eagle3_gguf(head, ctx.pair.tokenizer, staging / "draft.gguf",
+                                      tokenizer_source_gguf=job.target_gguf, outtype=settings.gguf_type)
+    checks = {}
+    if settings.verify_prompts:
+        written = read_back_heads(head, staging / "draft", sglang_dir, gguf_path, target_layers, settings.gguf_type)
+        checks = head_round_trip(ctx.pair, written, job.verify_ids, job.max_new_tokens,
+                                 job.decode.gamma_policy(dynamic=False), job.draft_spec.path)
+        if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
+            spec = ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma, spec_type=EAGLE3_SPEC_TYPE)
+            checks["engine"] = eagle3_engine_check(spec, job.verify_ids, job.max_new_tokens,
+                                                   ctx.run_dir / "engine_check.log")
+    flags = eagle3_serving_flags(job.target, job.destination / "draft",
+                                 job.destination / "sglang" if sglang_dir else None,
+                                 job.destination / "draft.gguf" if gguf_path else None, job.gamma)
+    files = {"vllm": "draft", **({"sglang": "sglang"} if sglang_dir else {}),
+             **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
+    return WrittenDraft(flags, checks, {"draft_kind": "eagle3", "draft_vocab_size": head.config.draft_vocab_size,
+                                        "files": files, "eagle3": eagle3_record(head, target_layers, sglang_skipped)})
+
+
+def eagle3_record(head: Eagle3Head, target_layers: int, sglang_skipped: str | None) -> dict:
+    """What export.json and the model card say of the head beyond its files."""
+    config = head.config
+    return {"capture_layers": list(config.capture_layers), "target_layers": target_layers,
+            "sglang_capture_layer_ids": sglang_capture_layer_ids(config.capture_layers, target_layers),
+            "norm_before_residual": config.norm_before_residual, "vocab_size": config.vocab_size,
+            "llama_cpp_step_costs": EAGLE3_ENGINE_COSTS,
+            **({"sglang_skipped": sglang_skipped} if sglang_skipped else {})}
+
+
+def eagle3_engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path) -> dict:
+    """The same for an EAGLE-3 GGUF (spec.spec_type draft-eagle3), without step costs (EAGLE3_ENGINE_COSTS)."""
+    missing = missing_server(spec)
+    if missing:
+        return {"skipped": missing}
+    return served_draft_counts(spec, prompt_ids, max_new_tokens, log_path)

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFReader, GGUFValueType
 from gguf.quants import QuantError, dequantize, quantize
 
-from decode.eagle3.head import Eagle3Config, Eagle3Head
+from decode.kinds.eagle3.head import Eagle3Config, Eagle3Head
 from decode.errors import ExportError, ExportMismatch
 from decode.export.gguf import (OUTTYPES, _interleave_rotary_halves, _Writer, add_decoder_metadata, add_tokenizer,
                                 rounded_as_written, write_atomically)

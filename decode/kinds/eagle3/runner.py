@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from decode.cache import KVCache
-from decode.eagle3.head import Eagle3Head
+from decode.kinds.eagle3.head import Eagle3Head
 from decode.matmul_route import skinny_route
 from decode.runner import positions_for, select_positions
 

@@ -1,0 +1,64 @@
+"""The decoder's side of a draft: how it prefills, proposes gamma tokens and follows the verified ones.
+
+Each draft kind (decode/kinds/) has its drafter; the decoder (decode/speculative.py) makes one per generate call
+and the step costs (decode/step_costs.py) time the draft through it.
+"""
+
+from __future__ import annotations
+
+import abc
+
+import torch
+
+from decode.sampling import SamplingParams, probs_from_logits, sample
+
+
+class Drafter(abc.ABC):
+    """One generate call's drafting over a draft runner; `state` is the decoder's batch (speculative._Batch)."""
+
+    # the target layers whose input states the drafter reads: the target keeps them only when asked
+    capture_layers: tuple[int, ...] = ()
+
+    def __init__(self, runner):
+        self.runner = runner
+
+    @abc.abstractmethod
+    def prefill(self, state) -> None:
+        """Reads the prompts."""
+
+    @abc.abstractmethod
+    def propose(self, state, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
+        """-> sample_steps' (tokens [B, gamma], q [B, gamma, V], copies [B, gamma] or None)."""
+
+    @abc.abstractmethod
+    def verified(self, state, new_tokens: torch.Tensor, accepted_counts: torch.Tensor, start: torch.Tensor,
+                 kv_len: int) -> None:
+        """Follows a verify: new_tokens [B, gamma + 1] at positions start + 1 .., accepted_counts [B]."""
+
+    # ---- what the step costs time (a batch of one row) --------------------------------------------------
+    @abc.abstractmethod
+    def prefill_logits(self, tokens: torch.Tensor, length: int, positions: torch.Tensor) -> torch.Tensor:
+        """The draft's logits [1, P, V] at `positions` [1, P] after a prefill of tokens[:, :length]."""
+
+    @abc.abstractmethod
+    def timed_step(self, tokens: torch.Tensor, start: torch.Tensor, kv_len: int) -> torch.Tensor:
+        """One draft step's logits [1, 1, V] for tokens [1, 1] at position `start`, as the decoder runs it."""
+
+
+def sample_steps(first_logits: torch.Tensor, gamma: int, sampling: SamplingParams, generator, next_logits,
+                 copies=None):
+    """gamma draws, each from the draft's last logits; next_logits(step, tokens) runs the draft on them.
+    copies (speculative._Batch._copies) replaces a draw by a context copy where a row has one.
+    -> tokens [B, gamma], their distributions q [B, gamma, V], which were copies [B, gamma] (None without)."""
+    logits, tokens, probs, copied = first_logits, [], [], []
+    for step in range(gamma):
+        step_probs = probs_from_logits(logits[:, -1], sampling)
+        step_tokens = sample(step_probs, generator)
+        if copies is not None:
+            step_tokens, step_probs, step_copied = copies(step, step_tokens, step_probs)
+            copied.append(step_copied)
+        tokens.append(step_tokens)
+        probs.append(step_probs)
+        if step < gamma - 1:
+            logits = next_logits(step, step_tokens)
+    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1), torch.stack(copied, dim=1) if copied else None

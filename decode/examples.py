@@ -1,0 +1,49 @@
+"""A training sequence with the target's recorded next-token distributions, and a batch of them as tensors: what
+every draft kind's training objective reads (decode/kinds/)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class Example:
+    """One training sequence: the chat-formatted prompt and an answer, with the target's top-k
+    next-token log-probabilities at each answer token (the distillation target)."""
+
+    input_ids: list[int]
+    prompt_length: int
+    target_top_ids: list[list[int]]  # [answer tokens][k]
+    target_top_logprobs: list[list[float]]
+
+    def loss_mask(self) -> list[int]:
+        """1 at the positions whose next token is an answer token (the logits that predict the answer)."""
+        length = len(self.input_ids)
+        return [1 if self.prompt_length - 1 <= position < length - 1 else 0 for position in range(length)]
+
+
+def collate(examples: list[Example], pad_token_id: int) -> dict:
+    """-> input_ids, attention_mask, loss_mask [B, T]; target_ids, target_logprobs [B, T, k], right-padded.
+
+    Positions outside the loss mask get a uniform stand-in target, so that no NaN is ever computed
+    there (a NaN would reach the gradient through the mask).
+    """
+    width = max(len(example.input_ids) for example in examples)
+    k = len(examples[0].target_top_ids[0])
+    input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(examples), width), dtype=torch.long)
+    target_ids = torch.arange(k).expand(len(examples), width, k).clone()
+    target_logprobs = torch.full((len(examples), width, k), -torch.log(torch.tensor(k + 1.0)).item())
+    for row, example in enumerate(examples):
+        length = len(example.input_ids)
+        input_ids[row, :length] = torch.tensor(example.input_ids)
+        attention_mask[row, :length] = 1
+        loss_mask[row, :length] = torch.tensor(example.loss_mask())
+        answer = slice(example.prompt_length - 1, length - 1)
+        target_ids[row, answer] = torch.tensor(example.target_top_ids)
+        target_logprobs[row, answer] = torch.tensor(example.target_top_logprobs)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
+            "target_ids": target_ids, "target_logprobs": target_logprobs}

@@ -1,0 +1,43 @@
+"""What every kind's export reads (ExportJob) and hands back (WrittenDraft): the seam between the export stage
+(decode/export/stage.py) and the kinds' exporters (decode/kinds/)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from decode.config import DecodeConfig, ExportConfig
+from decode.export.engines import ServingTarget
+from decode.export.formats import check_tokenizer
+from decode.models import ModelSpec
+
+
+@dataclass
+class ExportJob:
+    """What every kind of export reads: the run, the settings, where the export lands and what it serves."""
+
+    ctx: Any  # decode.context.RunContext (its module imports the kinds: not imported here)
+    settings: ExportConfig
+    decode: DecodeConfig
+    draft_spec: ModelSpec  # the trained draft
+    destination: Path
+    target: ServingTarget
+    target_gguf: Path | None
+    gamma: int  # what the engines are told to draft
+    verify_ids: list[list[int]]  # the round trip's and the engine check's prompts
+    max_new_tokens: int
+    token_acceptance: float | None  # the eval's of the draft alone, for llama.cpp's gamma
+
+
+@dataclass
+class WrittenDraft:
+    flags: dict  # the engines' settings
+    checks: dict  # the round trip, and the engine check under "engine"
+    record: dict  # what export.json says of this kind of draft
+
+
+def save_target_tokenizer(ctx, directory: Path) -> None:
+    """The target's tokenizer beside the draft, so that pair.draft.path=<export> finds the target's tokens."""
+    ctx.pair.tokenizer.save_pretrained(directory)
+    check_tokenizer(directory, ctx.pair.tokenizer)

@@ -1,0 +1,153 @@
+"""The seam every draft kind implements: what the pipeline, the decoder, the step costs, the train stage, the
+export and the harnesses ask of a draft instead of testing its type.
+
+A kind is one module (or package) under decode/kinds/ and one line in decode/kinds/registry.py. Its hooks take
+the run's context and the method's settings as they come (decode.context.RunContext, train.config.MethodConfig):
+this floor imports nothing above decode.
+"""
+
+from __future__ import annotations
+
+import abc
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+from torch import nn
+
+from decode.drafting import Drafter
+from decode.examples import Example, collate
+from decode.models import ModelSpec
+
+
+@dataclass
+class DraftStep:
+    """One draft step's logits over a batch of training sequences, as the recipe scores them against the
+    target's distributions recorded at every index."""
+
+    logits: torch.Tensor  # [B, T - shift, columns]: at index P, the draft's distribution for token P + shift + 1
+    shift: int = 0  # 0: the draft's own next token; s > 0: the s-th step of a draft unrolled over its own outputs
+    weight: float = 1.0  # the step's share of the loss
+    columns: torch.Tensor | None = None  # [vocab] vocabulary id -> its column of logits (-1: none); None: the id
+
+
+class TrainingObjective(abc.ABC):
+    """What a kind's draft learns from a batch; the one recipe (train/recipe.py) runs the loop, the loss, the
+    checkpoints and the processes around it. `module` is what trains: the recipe wraps it (DDP, FSDP) and
+    optimizes its trainable parameters."""
+
+    module: nn.Module
+    draft_steps: int = 1  # steps per position that training and validation unroll
+    # an FSDP auto-wrap policy may make units of submodules (the draft's decoder layers); a module that reads
+    # submodules' weights without calling them must be one unit
+    fsdp_units_below_root: bool = True
+
+    def collate(self, examples: list[Example], pad_token_id: int) -> dict:
+        """Examples -> the batch's tensors (decode/examples.py), with whatever else the draft reads."""
+        return collate(examples, pad_token_id)
+
+    @abc.abstractmethod
+    def training_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+        """The draft steps the loss scores, the forward run under autocast()."""
+
+    @abc.abstractmethod
+    def validation_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+        """The draft steps as the decoder samples them: logits over the columns it may propose."""
+
+    @abc.abstractmethod
+    def bf16_probe(self, module: nn.Module, probe_batch: tuple[int, int], device: torch.device) -> tuple[Callable, int]:
+        """(a forward + backward on a random batch of probe_batch sequences x tokens, the draft's hidden size):
+        what `method.autocast=auto` times in float32 and under bf16 autocast."""
+
+    @abc.abstractmethod
+    def trained_draft(self, module: nn.Module) -> nn.Module:
+        """The draft to save, from the unwrapped (and, sharded, gathered) trained module."""
+
+    def decoding_draft(self, module: nn.Module) -> AbstractContextManager[nn.Module]:
+        """The unwrapped module as the decoder runs it, for on-policy sampling (kinds whose check_method
+        refuses method.on_policy_fraction need not say)."""
+        raise NotImplementedError(f"{type(self).__name__} does not sample on-policy")
+
+
+class DraftKind(abc.ABC):
+    name: str  # the value of pair.draft.kind
+    title: str  # what a summary calls a draft of this kind ("" for the plain draft model)
+    gguf_runs_alone = True  # llama-bench can time its GGUF without the target
+
+    # ---- loading and checks --------------------------------------------------------------------------
+    @abc.abstractmethod
+    def holds(self, draft: nn.Module) -> bool:
+        """Whether `draft` is a model of this kind."""
+
+    def found_at(self, spec: ModelSpec) -> bool:
+        """Whether spec.path holds a draft of this kind by its files (whatever pair.draft.kind says)."""
+        return False
+
+    @abc.abstractmethod
+    def load(self, target: nn.Module, target_tokenizer, spec: ModelSpec) -> tuple[nn.Module, object]:
+        """-> (the draft spec names, its tokenizer), on spec's device and dtype."""
+
+    @abc.abstractmethod
+    def check_pair(self, target: nn.Module, draft: nn.Module, target_tokenizer, draft_tokenizer,
+                   check_chat_template: bool) -> None:
+        """PairError when the draft cannot serve the target."""
+
+    # ---- decoding ------------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def runner(self, draft: nn.Module, target: nn.Module, vocab_size: int, backend: str):
+        """The runner the decoder and the step costs call the draft through."""
+
+    @abc.abstractmethod
+    def drafter(self, runner) -> Drafter:
+        """One generate call's drafting over `runner` (decode/drafting.py); also what the step costs time."""
+
+    # ---- training ------------------------------------------------------------------------------------
+    def check_method(self, method) -> None:
+        """ConfigError for training settings this kind cannot train with, before any work."""
+
+    @abc.abstractmethod
+    def starting_draft(self, pair, method, draft_vocabulary: list[int] | None, seed: int) -> nn.Module:
+        """A float32 copy of the pair's draft (or a fresh one) ready to train; draft_vocabulary: the tokens a
+        pruned draft keeps (None: all)."""
+
+    def training_inputs(self, ctx, draft: nn.Module, splits: list[tuple[list[Example], str]],
+                        batch_size: int) -> tuple[list[list[Example]], dict[str, Any]]:
+        """The examples of each (examples, their answers' directory) with what else the draft reads, and what the
+        train record says of computing that."""
+        return [examples for examples, _ in splits], {}
+
+    @abc.abstractmethod
+    def objective(self, draft: nn.Module, pair, method, device: torch.device) -> TrainingObjective:
+        """What `draft` (from starting_draft) learns."""
+
+    @abc.abstractmethod
+    def draft_vocab_size(self, draft: nn.Module, vocab_size: int) -> int | None:
+        """The tokens the draft proposes (None: the whole vocabulary)."""
+
+    @abc.abstractmethod
+    def save(self, draft: nn.Module, ctx, gamma: int) -> None:
+        """Writes the trained draft to ctx.draft_dir (every process calls it; the main one writes)."""
+
+    # ---- export and engines --------------------------------------------------------------------------
+    def export_problem(self, draft: nn.Module, settings) -> str | None:
+        """Why the export (decode.config.ExportConfig) could not be written, known before training."""
+        return None
+
+    @abc.abstractmethod
+    def export(self, job, staging: Path):
+        """Writes the serving files of job's draft (decode/export/job.py) -> WrittenDraft."""
+
+    def card_lines(self, record: dict) -> list[str]:
+        """The model card's lines on the draft (record: export.json)."""
+        return [f"- draft vocabulary: {record['draft_vocab_size'] or 'full'}"]
+
+    def card_notes(self, record: dict) -> list[str]:
+        """The model card's paragraphs after the serving commands."""
+        return []
+
+    def engine_gguf(self, draft: nn.Module, tokenizer, path: Path, tokenizer_source_gguf: str | None,
+                    outtype: str) -> Path | None:
+        """The draft as llama.cpp reads it (None: llama.cpp does not serve this kind)."""
+        return None

@@ -1,0 +1,80 @@
+"""An independent draft's export: HF safetensors (vLLM, SGLang) and a GGUF of the same weights (llama.cpp), each
+read back and decoded against the trained draft before it lands."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoModelForCausalLM
+
+from decode.config import DecodeConfig
+from decode.errors import ExportMismatch
+from decode.export.engine_check import engine_check
+from decode.export.engines import serving_flags
+from decode.export.formats import serving_copy
+from decode.export.gguf import rounded_as_written, write_gguf
+from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
+from decode.models import ModelSpec, load_model
+from decode.sampling import SamplingParams
+from decode.serving.llama_server import ServerSpec
+
+
+def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
+    """A draft model of its own: HF safetensors (vLLM, SGLang) and a GGUF of the same weights (llama.cpp)."""
+    ctx, settings, draft_spec = job.ctx, job.settings, job.draft_spec
+    draft = serving_copy(load_model(ModelSpec(path=draft_spec.path, dtype=draft_spec.dtype, device="cpu")))
+    draft.save_pretrained(staging / "draft")
+    save_target_tokenizer(ctx, staging / "draft")
+    gguf_path = None
+    if settings.gguf:
+        gguf_path = write_gguf(draft, ctx.pair.tokenizer, staging / "draft.gguf", tokenizer_source_gguf=job.target_gguf,
+                               outtype=settings.gguf_type)
+    checks = {}
+    if settings.verify_prompts:
+        checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, job.decode, job.verify_ids,
+                            job.max_new_tokens, settings.gguf_type)
+        if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
+            checks["engine"] = engine_check(ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma),
+                                            job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log",
+                                            job.token_acceptance)
+    flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
+                          job.gamma, checks.get("engine", {}).get("gamma"))
+    kept = getattr(draft.config, "draft_vocab", None)
+    files = {"vllm": "draft", "sglang": "draft", **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
+    return WrittenDraft(flags, checks, {"draft_kind": "causal_lm", "draft_vocab_size": len(kept) if kept else None,
+                                        "files": files})
+
+
+def round_trip(ctx, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path | None,
+               decode: DecodeConfig, prompt_ids: list[list[int]], max_new_tokens: int, gguf_type: str) -> dict:
+    """The exported draft(s) reloaded and decoded against the draft as trained: same greedy output, same alpha.
+
+    The GGUF's reference is the trained draft with its weight matrices rounded as the file stores them (f16,
+    q8_0): a correct file reads back as exactly that, while a wrong tensor layout would not."""
+    greedy, policy = SamplingParams(temperature=0), decode.gamma_policy(dynamic=False)
+
+    def decode_with(draft):
+        result = ctx.pair.decoder(draft).generate(prompt_ids, max_new_tokens, greedy, policy)
+        return result.tokens, result.metrics.alpha
+
+    reference = {"hf": decode_with(load_model(draft_spec))}
+    loaded = {"hf": load_model(ModelSpec(path=str(exported_dir), dtype=draft_spec.dtype, device=draft_spec.device))}
+    if gguf_path is not None:  # read back as llama.cpp would get it, through transformers' GGUF reader
+        reference["gguf"] = decode_with(rounded_as_written(load_model(draft_spec), gguf_type))
+        reread = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
+        reread.config.draft_vocab = getattr(loaded["hf"].config, "draft_vocab", None)
+        loaded["gguf"] = reread.to(dtype=next(loaded["hf"].parameters()).dtype, device=draft_spec.device)
+    checks = {"prompts": len(prompt_ids), "alpha_trained": reference["hf"][1]}
+    for name, draft in loaded.items():
+        tokens, alpha = decode_with(draft)
+        reference_tokens, reference_alpha = reference[name]
+        checks[f"alpha_{name}"] = alpha
+        checks[f"same_greedy_output_{name}"] = tokens == reference_tokens
+        if name == "gguf":
+            checks["alpha_gguf_reference"] = reference_alpha  # the trained draft rounded as stored
+        if tokens != reference_tokens or abs(alpha - reference_alpha) > 0.01:
+            raise ExportMismatch(f"the exported {name} draft decodes differently from the trained one"
+                                 f"{' rounded as stored' if name == 'gguf' else ''} (alpha {alpha:.4f} vs "
+                                 f"{reference_alpha:.4f}, same greedy output: {tokens == reference_tokens}); "
+                                 f"nothing was published, the trained draft is intact in {draft_spec.path}")
+    return checks

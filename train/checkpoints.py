@@ -1,0 +1,113 @@
+"""The training checkpoints: the full model and optimizer state keyed by parameter name (as one process holds
+them, whatever the number of processes or the sharding), the scheduler, each process's RNG and the trainer's
+own state; written in a staging directory and renamed into place, so a checkpoint exists whole or not at all."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import torch
+
+from decode.errors import ConfigError
+from decode.files import publish, remove_stale_staging
+
+TRAINING_STATE = "training_state.pt"
+TRAINER_STATE = "trainer_state.json"
+
+
+class Checkpoints:
+    """<directory>/step-<n>: training_state.pt, rng-<process>.pt, trainer_state.json and the recipe's own files;
+    the last `keep` are kept."""
+
+    def __init__(self, directory: Path, accelerator, keep: int):
+        self.directory = directory
+        self.accelerator = accelerator
+        self.keep = keep
+
+    def latest(self) -> Path | None:
+        done = sorted(self.directory.glob("step-*"))
+        return done[-1] if done else None
+
+    def save(self, step: int, model, optimizer, scheduler, trainer_state: dict, files: dict[str, str]) -> None:
+        """Every process calls it; files: name -> text, written by the main process beside the state."""
+        accelerator = self.accelerator
+        final = self.directory / f"step-{step:08d}"
+        staging = self.directory / f".tmp-step-{step:08d}"
+        if accelerator.is_main_process:
+            shutil.rmtree(staging, ignore_errors=True)
+            staging.mkdir(parents=True)
+        accelerator.wait_for_everyone()
+        torch.save(rng_state(), staging / f"rng-{accelerator.process_index}.pt")
+        state = training_state(model, optimizer, scheduler)  # gathered from every process onto the main one
+        if accelerator.is_main_process:
+            torch.save(state, staging / TRAINING_STATE)
+            (staging / TRAINER_STATE).write_text(json.dumps(trainer_state))
+            for name, text in files.items():
+                (staging / name).write_text(text)
+        accelerator.wait_for_everyone()
+        if accelerator.is_main_process:
+            publish(staging, final)  # a checkpoint exists whole or not at all
+            for old in sorted(self.directory.glob("step-*"))[: -self.keep]:
+                shutil.rmtree(old, ignore_errors=True)
+        accelerator.wait_for_everyone()
+
+    def resumable(self) -> Path | None:
+        """The checkpoint a rerun resumes from (None: start from the beginning); clears what a run killed while
+        saving left."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        if self.accelerator.is_main_process:
+            remove_stale_staging(self.directory)  # left by a run killed while saving
+        self.accelerator.wait_for_everyone()
+        latest = self.latest()
+        if latest is not None and not (latest / TRAINING_STATE).is_file():
+            raise ConfigError(f"{latest} was written by an earlier version of specdraft (accelerate's checkpoint "
+                              f"layout), which this one does not resume; remove {self.directory} to train "
+                              f"from the start")
+        return latest
+
+    def load(self, checkpoint: Path, model, optimizer, scheduler) -> dict:
+        """Restores the states (every process reads the file and keeps its shard) -> the trainer's state."""
+        from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
+                                                             set_optimizer_state_dict)
+
+        state = torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
+        options = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(model, state["model"], options=options)
+        set_optimizer_state_dict(model, torch_optimizer(optimizer), state["optimizer"], options=options)
+        scheduler.load_state_dict(state["scheduler"])
+        trainer_state = json.loads((checkpoint / TRAINER_STATE).read_text())
+        rng = checkpoint / f"rng-{self.accelerator.process_index}.pt"
+        if trainer_state.get("processes") == self.accelerator.num_processes and rng.is_file():
+            set_rng_state(torch.load(rng, weights_only=True))  # else dropout masks differ anyway
+        return trainer_state
+
+
+def training_state(model, optimizer, scheduler) -> dict:
+    """The model's and the optimizer's full state by parameter name (on the main process; the others get
+    empty dicts when sharded) and the scheduler's: the same in one process, under DDP and under FSDP."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    return {"model": get_model_state_dict(model, options=options),
+            "optimizer": get_optimizer_state_dict(model, torch_optimizer(optimizer), options=options),
+            "scheduler": scheduler.state_dict()}
+
+
+def torch_optimizer(optimizer) -> torch.optim.Optimizer:
+    return getattr(optimizer, "optimizer", optimizer)  # inside accelerate's AcceleratedOptimizer
+
+
+def rng_state() -> dict:
+    state = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
