@@ -14,7 +14,7 @@ from decode.kinds.eagle3.head import Eagle3Config, Eagle3Head, load_head, new_he
 from decode.errors import ExportMismatch
 from decode.models import ModelSpec
 from decode.pair import encode_chat, load_draft
-from decode.export import eagle3_export
+from decode.kinds.eagle3 import export as eagle3_export
 from decode.kinds.eagle3.export import (load_sglang_head, layout_difference, logit_difference,
                                          sglang_unsupported_reason, write_sglang_head)
 from decode.kinds.eagle3.gguf import write_eagle3_gguf

@@ -12,7 +12,7 @@ import torch
 
 from decode.kinds.eagle3.head import new_head
 from decode.errors import ExportError, ExportMismatch
-from decode.export import eagle3_gguf
+from decode.kinds.eagle3 import gguf as eagle3_gguf
 from decode.kinds.eagle3.gguf import (
                                        check_eagle3_gguf,
                                        draft_layer,

@@ -32,10 +32,12 @@ def model_card(record: dict, kind, evaluated: EvalResult | None, trained: TrainR
         + (f", {trained.steps} steps" if trained else "")
         + (f", LoRA r={method['lora']['r']} (merged)" if method.get("lora") else ""),
         *kind.card_lines(record), *_eval_lines(evaluated, record["gamma"]), "",
-        "## Serving", "", _files_line(record["files"]), ""]
-    if not flags:
-        lines += [f"No engine serves this kind of draft ({record['draft_kind']}): the weights are for this "
-                  f"project's decoder (pair.draft.path=<this directory>).", ""]
+        "## Serving", ""]
+    if not flags:  # a kind no engine serves: its weights are for this project's decoder
+        lines += [f"No engine serves this kind of draft ({record['draft_kind']}): `draft/` holds its weights for "
+                  f"this project's decoder (pair.draft.path=<this directory>/draft).", ""]
+    else:
+        lines += [_files_line(record["files"]), ""]
     if "vllm" in flags:
         lines += ["vLLM:", "", "```", _command(flags["vllm"]), "```", ""]
     if "sglang" in flags:
