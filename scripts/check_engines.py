@@ -18,7 +18,8 @@ import tempfile
 from pathlib import Path
 
 from decode.kinds.eagle3.head import new_head, save_head_files
-from decode.export.engines import ServingTarget, eagle3_serving_flags
+from decode.export.engines import ServingTarget
+from decode.kinds.eagle3.export import serving_flags
 from decode.tiny import tiny_llama, tiny_tokenizer
 
 CAPTURE_LAYERS = [0, 1, 3]
@@ -27,7 +28,7 @@ GAMMA = 3
 
 def check_sglang(directory: Path) -> str:
     server_args = importlib.import_module("sglang.srt.server_args")
-    flags = eagle3_serving_flags(ServingTarget("org/target", None), directory / "draft", directory / "sglang", None,
+    flags = serving_flags(ServingTarget("org/target", None), directory / "draft", directory / "sglang", None,
                                  GAMMA)["sglang"]
     launcher = ["python", "-m", "sglang.launch_server"]
     parser = argparse.ArgumentParser()

@@ -18,7 +18,7 @@ from decode.kinds.eagle3 import export as eagle3_export
 from decode.kinds.eagle3.export import (load_sglang_head, layout_difference, logit_difference,
                                          sglang_unsupported_reason, write_sglang_head)
 from decode.kinds.eagle3.gguf import write_eagle3_gguf
-from decode.export.engines import ServingTarget, eagle3_serving_flags, write_serving_files
+from decode.export.engines import ServingTarget, write_serving_files
 from decode.export.gguf import write_gguf
 from decode.serving.llama_server import EAGLE3_SPEC_TYPE, ServerSpec
 from decode.kinds.eagle3.export import eagle3_engine_check
@@ -85,15 +85,15 @@ def test_the_default_capture_layers_are_named_nowhere_and_read_back_as_the_defau
 def test_a_head_that_norms_before_the_residual_has_no_sglang_form(tmp_path, target, tokenizer):
     head = new_head(target, list(range(len(tokenizer))), capture_layers=CAPTURE_LAYERS, norm_before_residual=True)
     assert "norm_before_residual" in sglang_unsupported_reason(head.config)
-    flags = eagle3_serving_flags(ServingTarget("org/target", None), tmp_path / "draft", None, None, gamma=3)
+    flags = eagle3_export.serving_flags(ServingTarget("org/target", None), tmp_path / "draft", None, None, gamma=3)
     write_serving_files(tmp_path / "serving", flags)
     assert sorted(path.name for path in (tmp_path / "serving").iterdir()) == ["vllm.json", "vllm.sh"]
 
 
 def emitted_flags(tmp_path, gamma=4):
     export = tmp_path / "export"
-    flags = eagle3_serving_flags(ServingTarget("org/target", str(tmp_path / "t.gguf")), export / "draft",
-                                 export / "sglang", export / "draft.gguf", gamma)
+    flags = eagle3_export.serving_flags(ServingTarget("org/target", str(tmp_path / "t.gguf")), export / "draft",
+                                               export / "sglang", export / "draft.gguf", gamma)
     write_serving_files(tmp_path / "serving", flags)
     return export, {script: shlex.split((tmp_path / "serving" / f"{script}.sh").read_text().splitlines()[1])
                     for script in ("vllm", "sglang", "llama_cpp")}

@@ -9,7 +9,8 @@ import torch
 
 from decode.errors import ExportError
 from decode.files import published
-from decode.export.engines import ServingTarget, serving_flags, write_serving_files
+from decode.export.engines import ServingTarget, write_serving_files
+from decode.kinds.independent.export import serving_flags
 from decode.export.formats import check_tokenizer, serving_copy
 from decode.tiny import tiny_llama, tiny_tokenizer
 

@@ -19,7 +19,8 @@ from decode.config import PairConfig
 from decode.models import ModelSpec
 from decode.pair import load_pair
 from decode.serving.engine_costs import EngineCosts
-from decode.export.engines import ServingTarget, serving_flags, write_serving_files
+from decode.export.engines import ServingTarget, write_serving_files
+from decode.kinds.independent.export import serving_flags
 from decode.export.gguf import write_gguf
 from decode.serving.llama_cpp_build import cmake_args
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary, free_port

@@ -1,4 +1,5 @@
-"""The serving engines' speculative-decoding settings for an exported draft: vLLM, SGLang, llama.cpp.
+"""The serving engines' speculative-decoding commands for an exported draft: vLLM, SGLang, llama.cpp; each draft
+kind says which engines serve it and how (decode/kinds/*/export.py: serving_flags).
 
 Every server described here listens on loopback; put a proxy in front to expose it.
 """
@@ -10,8 +11,6 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from decode.serving.llama_server import DRAFT_SPEC_TYPE, EAGLE3_SPEC_TYPE
-
 
 @dataclass
 class ServingTarget:
@@ -21,44 +20,19 @@ class ServingTarget:
     gguf_path: str | None
 
 
-def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int,
-                  llama_cpp_gamma: int | None = None) -> dict:
-    """The engines' speculative-decoding settings for a draft model of its own, as JSON and argument lists;
-    llama_cpp_gamma: the gamma llama.cpp's own measured step costs call for (None: gamma)."""
-    vllm_config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": gamma}
-    flags = {"vllm_speculative_config": vllm_config, "vllm": _vllm_args(target, vllm_config),
-             "sglang": _sglang_args(target, "STANDALONE", draft_dir, gamma)}
-    if draft_gguf is not None:
-        flags["llama_cpp"] = _llama_cpp_args(target, draft_gguf, DRAFT_SPEC_TYPE, llama_cpp_gamma or gamma)
-    return flags
-
-
-def eagle3_serving_flags(target: ServingTarget, speculators_dir: Path, sglang_dir: Path | None,
-                         draft_gguf: Path | None, gamma: int) -> dict:
-    """The same for an EAGLE-3 head: vLLM reads the speculators directory, SGLang its own (None: SGLang cannot
-    serve the head), llama.cpp the GGUF."""
-    vllm_config = {"method": "eagle3", "model": str(speculators_dir), "num_speculative_tokens": gamma}
-    flags = {"vllm_speculative_config": vllm_config, "vllm": _vllm_args(target, vllm_config)}
-    if sglang_dir is not None:
-        flags["sglang"] = _sglang_args(target, "EAGLE3", sglang_dir, gamma)
-    if draft_gguf is not None:
-        flags["llama_cpp"] = _llama_cpp_args(target, draft_gguf, EAGLE3_SPEC_TYPE, gamma)
-    return flags
-
-
-def _vllm_args(target: ServingTarget, speculative_config: dict) -> list[str]:
+def vllm_args(target: ServingTarget, speculative_config: dict) -> list[str]:
     return ["vllm", "serve", target.hf_path, "--host", "127.0.0.1", "--speculative-config",
             json.dumps(speculative_config)]
 
 
-def _sglang_args(target: ServingTarget, algorithm: str, draft: Path, gamma: int) -> list[str]:
+def sglang_args(target: ServingTarget, algorithm: str, draft: Path, gamma: int) -> list[str]:
     return ["python", "-m", "sglang.launch_server", "--model-path", target.hf_path, "--host", "127.0.0.1",
             "--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft),
             "--speculative-num-steps", str(gamma), "--speculative-eagle-topk", "1",
             "--speculative-num-draft-tokens", str(gamma + 1)]
 
 
-def _llama_cpp_args(target: ServingTarget, draft_gguf: Path, spec_type: str, gamma: int) -> list[str]:
+def llama_cpp_args(target: ServingTarget, draft_gguf: Path, spec_type: str, gamma: int) -> list[str]:
     # current llama-server names (the older --draft-max/--draft-min are refused as removed)
     return ["llama-server", "-m", target.gguf_path or "<target>.gguf", "-md", str(draft_gguf), "--host", "127.0.0.1",
             "--spec-type", spec_type, "--spec-draft-n-max", str(gamma), "--spec-draft-p-min", "0", "--metrics"]

@@ -32,7 +32,7 @@ from safetensors.torch import load_file, save_file
 
 from decode.errors import ExportError, ExportMismatch
 from decode.export.engine_check import missing_server, served_draft_counts
-from decode.export.engines import eagle3_serving_flags
+from decode.export.engines import ServingTarget, llama_cpp_args, sglang_args, vllm_args
 from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
 from decode.kinds.eagle3.gguf import (CHECK_TOLERANCE, eagle3_gguf_reference, first_step_logits, read_eagle3_gguf,
                                       write_eagle3_gguf)
@@ -262,9 +262,9 @@ def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
             spec = ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma, spec_type=EAGLE3_SPEC_TYPE)
             checks["engine"] = eagle3_engine_check(spec, job.verify_ids, job.max_new_tokens,
                                                    ctx.run_dir / "engine_check.log")
-    flags = eagle3_serving_flags(job.target, job.destination / "draft",
-                                 job.destination / "sglang" if sglang_dir else None,
-                                 job.destination / "draft.gguf" if gguf_path else None, job.gamma)
+    flags = serving_flags(job.target, job.destination / "draft",
+                          job.destination / "sglang" if sglang_dir else None,
+                          job.destination / "draft.gguf" if gguf_path else None, job.gamma)
     files = {"vllm": "draft", **({"sglang": "sglang"} if sglang_dir else {}),
              **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
     return WrittenDraft(flags, checks, {"draft_kind": "eagle3", "draft_vocab_size": head.config.draft_vocab_size,
@@ -279,6 +279,19 @@ def eagle3_record(head: Eagle3Head, target_layers: int, sglang_skipped: str | No
             "norm_before_residual": config.norm_before_residual, "vocab_size": config.vocab_size,
             "llama_cpp_step_costs": EAGLE3_ENGINE_COSTS,
             **({"sglang_skipped": sglang_skipped} if sglang_skipped else {})}
+
+
+def serving_flags(target: ServingTarget, speculators_dir: Path, sglang_dir: Path | None,
+                  draft_gguf: Path | None, gamma: int) -> dict:
+    """The engines' speculative-decoding settings for an EAGLE-3 head: vLLM reads the speculators directory, SGLang
+    its own (None: SGLang cannot serve the head), llama.cpp the GGUF."""
+    vllm_config = {"method": "eagle3", "model": str(speculators_dir), "num_speculative_tokens": gamma}
+    flags = {"vllm_speculative_config": vllm_config, "vllm": vllm_args(target, vllm_config)}
+    if sglang_dir is not None:
+        flags["sglang"] = sglang_args(target, "EAGLE3", sglang_dir, gamma)
+    if draft_gguf is not None:
+        flags["llama_cpp"] = llama_cpp_args(target, draft_gguf, EAGLE3_SPEC_TYPE, gamma)
+    return flags
 
 
 def eagle3_engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path) -> dict:

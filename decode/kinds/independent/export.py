@@ -10,13 +10,13 @@ from transformers import AutoModelForCausalLM
 from decode.config import DecodeConfig
 from decode.errors import ExportMismatch
 from decode.export.engine_check import engine_check
-from decode.export.engines import serving_flags
+from decode.export.engines import ServingTarget, llama_cpp_args, sglang_args, vllm_args
 from decode.export.formats import serving_copy
 from decode.export.gguf import rounded_as_written, write_gguf
 from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
 from decode.models import ModelSpec, load_model
 from decode.sampling import SamplingParams
-from decode.serving.llama_server import ServerSpec
+from decode.serving.llama_server import DRAFT_SPEC_TYPE, ServerSpec
 
 
 def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
@@ -43,6 +43,18 @@ def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
     files = {"vllm": "draft", "sglang": "draft", **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
     return WrittenDraft(flags, checks, {"draft_kind": "causal_lm", "draft_vocab_size": len(kept) if kept else None,
                                         "files": files})
+
+
+def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int,
+                  llama_cpp_gamma: int | None = None) -> dict:
+    """The engines' speculative-decoding settings for a draft model of its own, as JSON and argument lists;
+    llama_cpp_gamma: the gamma llama.cpp's own measured step costs call for (None: gamma)."""
+    vllm_config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": gamma}
+    flags = {"vllm_speculative_config": vllm_config, "vllm": vllm_args(target, vllm_config),
+             "sglang": sglang_args(target, "STANDALONE", draft_dir, gamma)}
+    if draft_gguf is not None:
+        flags["llama_cpp"] = llama_cpp_args(target, draft_gguf, DRAFT_SPEC_TYPE, llama_cpp_gamma or gamma)
+    return flags
 
 
 def round_trip(ctx, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path | None,
