@@ -148,7 +148,7 @@ class SpeculativeDecoder:
             raise ValueError("record_top_k is for autoregressive decoding (gamma=None)")
         state = _Batch(self, prompts, max_new_tokens, gamma.largest if speculative else 0, seed, record_top_k)
         drafter = self.new_drafter(self.draft) if speculative else None
-        # an EAGLE-3 head reads the target's states at its capture layers: the target keeps them only then
+        # a drafter that reads the target's states (an EAGLE-3 head) names their layers: the target keeps them only then
         self.target.capture_layers = drafter.capture_layers if speculative else ()
         timer = PhaseTimer(self.device)
         began = timer.start()

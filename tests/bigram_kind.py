@@ -113,7 +113,8 @@ class BigramKind(DraftKind):
 
     def check_pair(self, target, draft, target_tokenizer, draft_tokenizer, check_chat_template):
         if draft.table.shape[0] < len(target_tokenizer):
-            raise PairError(f"the bigram table knows {draft.table.shape[0]} tokens, the tokenizer {len(target_tokenizer)}")
+            raise PairError(f"the bigram table knows {draft.table.shape[0]} tokens, the tokenizer "
+                            f"{len(target_tokenizer)}")
 
     def runner(self, draft, target, vocab_size, backend):
         return BigramRunner(draft, vocab_size)

@@ -71,11 +71,13 @@ def fresh_head(pair, kept=None):
 
 def make_recipe(pair, examples, directory, head=None, **overrides):
     method, accelerator = settings(**overrides), Accelerator(cpu=True)
-    objective = UnrolledObjective(head if head is not None else fresh_head(pair), pair.target.get_input_embeddings().weight,
-                                  pair.vocab_size, method.ttt_steps, method.ttt_step_weight, accelerator.device)
+    head = head if head is not None else fresh_head(pair)
+    objective = UnrolledObjective(head, pair.target.get_input_embeddings().weight, pair.vocab_size, method.ttt_steps,
+                                  method.ttt_step_weight, accelerator.device)
     return DistillationRecipe(method, 0, objective, pair.vocab_size, 0, examples, examples[:2],
                               directory / "checkpoints", accelerator,
-                              Tracker(LoggerConfig(mode="disabled"), directory, {}, "test"), SamplingParams(temperature=0.7))
+                              Tracker(LoggerConfig(mode="disabled"), directory, {}, "test"),
+                              SamplingParams(temperature=0.7))
 
 
 def fixed_batch_loss(recipe, examples):

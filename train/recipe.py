@@ -45,7 +45,7 @@ from decode.sampling import SamplingParams, probs_from_logits
 from distill.losses import LOSSES, coarse_grained, masked_sum
 from distill.on_policy import OnPolicySampler
 from train.batching import epoch_order
-from train.checkpoints import Checkpoints
+from train.checkpoints import TRAINER_STATE, Checkpoints
 from train.config import MethodConfig
 from train.fsdp import fill_parameters, is_sharded, meta_copy, sharding_summary, use_fsdp_on_cpu
 
@@ -92,7 +92,6 @@ class DistillationRecipe:
         self.pad_token_id = pad_token_id
         self.train_examples = train_examples
         self.validation_examples = validation_examples
-        self.checkpoint_dir = checkpoint_dir
         self.checkpoints = Checkpoints(checkpoint_dir, accelerator, settings.keep_checkpoints)
         self.objective = objective
         self.step_acceptance: list[float] = []  # per draft step, at the last validation
@@ -107,7 +106,7 @@ class DistillationRecipe:
         draft = objective.module
         autocast, latest = settings.autocast, self.checkpoints.latest()
         if latest:  # a resumed run keeps the precision it started in, so that it ends as a run never stopped would
-            autocast = json.loads((latest / "trainer_state.json").read_text()).get("autocast", autocast)
+            autocast = json.loads((latest / TRAINER_STATE).read_text()).get("autocast", autocast)
         self.precision = choose_precision(autocast, device.type, lambda: self._bf16_speedup(draft), "train")
         trainable = [p for p in draft.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=settings.weight_decay)
@@ -209,7 +208,7 @@ class DistillationRecipe:
         if not math.isfinite(step_loss):
             raise TrainingDiverged(
                 f"the loss became {step_loss} at step {self.step + 1}; nothing of that step was applied. "
-                f"Last good checkpoint: {self._latest_checkpoint() or 'none yet'}. "
+                f"Last good checkpoint: {self.checkpoints.latest() or 'none yet'}. "
                 f"Lower method.lr (now {self.settings.lr}) or check the training data.")
         # clipping with an infinite bound only measures the norm; a non-finite norm means a non-finite gradient
         gradient_norm = accelerator.clip_grad_norm_(self.draft.parameters(),
@@ -220,7 +219,7 @@ class DistillationRecipe:
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingDiverged(
                 f"the gradient norm became {float(gradient_norm)} at step {self.step + 1} (loss {step_loss:.4f}); "
-                f"nothing of that step was applied. Last good checkpoint: {self._latest_checkpoint() or 'none yet'}. "
+                f"nothing of that step was applied. Last good checkpoint: {self.checkpoints.latest() or 'none yet'}. "
                 f"Lower method.lr (now {self.settings.lr}) or check the training data.")
         self.optimizer.step()
         self.scheduler.step()
@@ -354,9 +353,6 @@ class DistillationRecipe:
         return self.unsharded
 
     # ---- checkpoints: a rerun of the same command resumes from the last one --------------------------
-    def _latest_checkpoint(self) -> Path | None:
-        return self.checkpoints.latest()
-
     def _save_checkpoint(self) -> None:
         files = {}
         if self.on_policy_pool:  # a resumed run goes on with the samples this one was training on

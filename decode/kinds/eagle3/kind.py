@@ -41,8 +41,8 @@ class Eagle3Kind(DraftKind):
             raise PairError(f"pair.draft.kind=eagle3 but {spec.path} is not an EAGLE-3 head (its config.json has no "
                             f"speculators_model_type eagle3)")
         parameter = next(target.parameters())
-        head = load_head(directory, dtype=resolve_dtype(spec.dtype, parameter.device) if spec.dtype else parameter.dtype,
-                         device=parameter.device)
+        dtype = resolve_dtype(spec.dtype, parameter.device) if spec.dtype else parameter.dtype
+        head = load_head(directory, dtype=dtype, device=parameter.device)
         if spec.capture_layers and list(spec.capture_layers) != list(head.config.capture_layers):
             raise PairError(f"pair.draft.capture_layers={list(spec.capture_layers)} but the head at {directory} was "
                             f"trained on layers {head.config.capture_layers}; leave capture_layers unset")
