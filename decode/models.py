@@ -44,7 +44,8 @@ class ModelSpec:
     derive_layers: int | None = None  # draft only: take the target's first N layers instead of a path
     fresh: dict | None = None  # draft only: a new model, the target's config with these changes
     backend: str = "auto"  # auto: native for Llama-family models, transformers otherwise
-    # draft only: causal_lm (a model of its own) | eagle3 (a head over the target's hidden states)
+    # draft only, a name in decode/kinds/registry.py: causal_lm (a model of its own) | eagle3 (a head over the
+    # target's hidden states)
     kind: str = "causal_lm"
     capture_layers: Optional[List[int]] = None  # eagle3: the 3 target layers read; None: [2, N // 2, N - 3]
     revision: str | None = None

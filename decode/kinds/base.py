@@ -17,8 +17,10 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
+from decode.config import ExportConfig
 from decode.drafting import Drafter
 from decode.examples import Example, collate
+from decode.export.job import ExportJob, WrittenDraft
 from decode.models import ModelSpec
 
 
@@ -131,13 +133,13 @@ class DraftKind(abc.ABC):
         """Writes the trained draft to ctx.draft_dir (every process calls it; the main one writes)."""
 
     # ---- export and engines --------------------------------------------------------------------------
-    def export_problem(self, draft: nn.Module, settings) -> str | None:
-        """Why the export (decode.config.ExportConfig) could not be written, known before training."""
+    def export_problem(self, draft: nn.Module, settings: ExportConfig) -> str | None:
+        """Why the export could not be written, known before training."""
         return None
 
     @abc.abstractmethod
-    def export(self, job, staging: Path):
-        """Writes the serving files of job's draft (decode/export/job.py) -> WrittenDraft."""
+    def export(self, job: ExportJob, staging: Path) -> WrittenDraft:
+        """Writes the serving files of job's draft in `staging`, read back and checked."""
 
     def card_lines(self, record: dict) -> list[str]:
         """The model card's lines on the draft (record: export.json)."""

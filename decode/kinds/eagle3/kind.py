@@ -11,6 +11,7 @@ from torch import nn
 
 from decode.errors import ConfigError, PairError
 from decode.examples import Example
+from decode.export.job import ExportJob, WrittenDraft
 from decode.kinds.base import DraftKind
 from decode.kinds.eagle3 import export
 from decode.kinds.eagle3.drafter import Eagle3Drafter
@@ -106,7 +107,7 @@ class Eagle3Kind(DraftKind):
             save_head(draft, ctx.draft_dir, gamma)
         ctx.accelerator.wait_for_everyone()
 
-    def export(self, job, staging: Path):
+    def export(self, job: ExportJob, staging: Path) -> WrittenDraft:
         return export.write_draft(job, staging)
 
     def card_lines(self, record: dict) -> list[str]:

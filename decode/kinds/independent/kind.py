@@ -13,6 +13,7 @@ from transformers import PreTrainedModel
 
 from decode.errors import PairError
 from decode.export.gguf import gguf_unsupported_reason, write_gguf
+from decode.export.job import ExportJob, WrittenDraft
 from decode.files import published
 from decode.kinds.base import DraftKind
 from decode.kinds.independent import export
@@ -103,7 +104,7 @@ class IndependentKind(DraftKind):
     def export_problem(self, draft: nn.Module, settings) -> str | None:
         return gguf_unsupported_reason(draft.config, settings.gguf_type) if settings.gguf else None
 
-    def export(self, job, staging: Path):
+    def export(self, job: ExportJob, staging: Path) -> WrittenDraft:
         return export.write_draft(job, staging)
 
     def card_notes(self, record: dict) -> list[str]:
