@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+import decode.drafting as drafting
 import decode.speculative as speculative
 from decode.native import NativeLlamaRunner
 from decode.sampling import SamplingParams
@@ -73,7 +74,8 @@ def test_the_drafts_sampling_is_draft_time(target64, draft64, tokenizer, monkeyp
         time.sleep(pause)
         return draw(probs, generator)
 
-    monkeypatch.setattr(speculative, "sample", slow_sample)
+    monkeypatch.setattr(speculative, "sample", slow_sample)  # the target's draws
+    monkeypatch.setattr(drafting, "sample", slow_sample)  # the draft's
     target = recording(NativeLlamaRunner(target64, vocab), target_calls)
     draft = recording(NativeLlamaRunner(draft64, vocab), draft_calls)
     metrics = SpeculativeDecoder(target, draft, [vocab + 1]).generate(PROMPTS, 6, GREEDY, GammaPolicy(gamma=2)).metrics

@@ -74,6 +74,9 @@ class TrainingObjective(abc.ABC):
 
 
 class DraftKind(abc.ABC):
+    """A kind of draft: how one is loaded and checked against its target, drafts in the decoder, trains, is saved
+    and exported. Stateless: the registry holds one instance per kind."""
+
     name: str  # the value of pair.draft.kind
     title: str  # what a summary calls a draft of this kind ("" for the plain draft model)
     gguf_runs_alone = True  # llama-bench can time its GGUF without the target
