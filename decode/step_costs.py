@@ -21,6 +21,7 @@ from functools import partial
 
 import torch
 
+from decode.cost_model import predicted_speedup
 from decode.eagle3.runner import Eagle3Runner
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams, probs_from_logits, sample
@@ -48,9 +49,7 @@ class StepCosts:
         return self.verify_s[gamma] / self.target_step_s
 
     def predicted_speedup(self, token_acceptance: float, gamma: int) -> float:
-        """Tokens per round over the round's cost in AR steps."""
-        tokens_per_round = sum(token_acceptance ** i for i in range(gamma + 1))
-        return tokens_per_round / (gamma * self.c + self.v(gamma))
+        return predicted_speedup(token_acceptance, gamma, self.c, self.v(gamma))
 
     def to_dict(self) -> dict:
         data = {"context": self.context, "target_step_ms": 1000 * self.target_step_s,

@@ -13,19 +13,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from decode.cost_model import MAX_GAMMA, MIN_VERIFY_COST, best_gamma, expected_tokens_per_round, round_cost
 from decode.metrics import DecodeMetrics
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy, SpeculativeDecoder
 from decode.step_costs import StepCosts
+from eval.bootstrap import BOOTSTRAP_SAMPLES, bootstrap_interval, ratio_of_rates, ratio_of_sums
 
-BOOTSTRAP_SAMPLES = 1000  # resamples behind each 95% interval
-INTERVAL_LEVEL = 0.95
-MIN_VERIFY_COST = 0.95  # v(gamma) below this: a verify of gamma + 1 tokens ran faster than one AR step
 
 
 @dataclass
@@ -59,7 +58,7 @@ def finite(value: Optional[float]) -> Optional[float]:
 
 
 def figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], gamma: int, step_costs: Optional[StepCosts],
-            min_gamma: int = 1, max_gamma: int = 8, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
+            min_gamma: int = 1, max_gamma: int = MAX_GAMMA, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
     """One draft on a set of batches at one gamma: summed counts first (so that figures merge), then the rates,
     the measured and predicted speedup, the recommended gamma, and `flags`: what makes the speedup untrustworthy.
 
@@ -107,8 +106,8 @@ def predicted_from_decodes(spec: DecodeMetrics, ar: DecodeMetrics, token_accepta
     c = spec.draft_s / spec.drafted / ar_step_s
     v = spec.verify_s / spec.rounds / ar_step_s
     drafted_per_round, spec_other = spec.drafted / spec.rounds, spec.other_s / spec.rounds / ar_step_s
-    round_cost = drafted_per_round * c + max(v, 1.0) + spec_other
-    predicted = expected_tokens_per_round(token_acceptance, gamma) * (1 + ar_other_s / ar_step_s) / round_cost
+    cost = round_cost(c, max(v, 1.0), drafted_per_round) + spec_other
+    predicted = expected_tokens_per_round(token_acceptance, gamma) * (1 + ar_other_s / ar_step_s) / cost
     return {"c": c, "v": v, "predicted_speedup": predicted}
 
 
@@ -178,49 +177,14 @@ def acceptance_intervals(speculative: list[DecodeMetrics], autoregressive: list[
     return intervals
 
 
-def bootstrap_interval(columns: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray], samples: int,
-                       seed: int, level: float = INTERVAL_LEVEL) -> list[float] | None:
-    """A percentile interval for statistic(column sums), the rows (batches of prompts) resampled with replacement.
-
-    columns: [rows, k] counts and seconds per row; statistic maps sums [samples, k] to values [samples].
-    None when there is nothing to resample, or no resample gives a finite value.
-    """
-    rows = columns.shape[0]
-    if samples < 1 or rows == 0:
-        return None
-    # each resample as how often it draws each row: sums are then one matrix product
-    weights = np.random.default_rng(seed).multinomial(rows, np.full(rows, 1 / rows), size=samples)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        values = statistic(weights @ columns)
-    values = values[np.isfinite(values)]
-    if not values.size:
-        return None
-    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
-    return [float(low), float(high)]
-
-
-def ratio_of_sums(sums: np.ndarray) -> np.ndarray:
-    return sums[:, 0] / sums[:, 1]
-
-
-def ratio_of_rates(sums: np.ndarray) -> np.ndarray:
-    """(tokens / seconds) / (AR tokens / AR seconds), from columns in that order."""
-    return (sums[:, 0] / sums[:, 1]) / (sums[:, 2] / sums[:, 3])
-
-
-def expected_tokens_per_round(token_acceptance: float, gamma: int) -> float:
-    """1 + a + ... + a^gamma: tokens a round yields when each drafted token is accepted with probability a."""
-    return sum(token_acceptance ** i for i in range(gamma + 1))
-
-
-def recommended_gamma(token_acceptance: float, step_costs: StepCosts, min_gamma: int = 1, max_gamma: int = 8) -> int:
-    """The gamma in [min_gamma, max_gamma] (and measured) with the most expected tokens per unit of time:
-    argmax (1 + a + ... + a^g) / (g c + v(g)), with the draft's step cost c and the verify cost v(g) measured
-    on the machine at hand (Leviathan et al. 2023, with v(g) = 1 there). An expensive draft with a modest
-    acceptance is best run with a short gamma."""
+def recommended_gamma(token_acceptance: float, step_costs: StepCosts, min_gamma: int = 1,
+                      max_gamma: int = MAX_GAMMA) -> int:
+    """The gamma in [min_gamma, max_gamma] (and measured) with the highest predicted speedup (decode/cost_model.py),
+    with the draft's step cost c and the verify cost v(g) measured on the machine at hand. An expensive draft with
+    a modest acceptance is best run with a short gamma."""
     if not 1 <= min_gamma <= max_gamma:
         raise ValueError(f"need 1 <= min_gamma <= max_gamma, got {min_gamma} and {max_gamma}")
     measured = [gamma for gamma in range(min_gamma, max_gamma + 1) if gamma in step_costs.verify_s]
     if not measured:
         raise ValueError(f"the step costs hold no verify cost for gamma {min_gamma}..{max_gamma}")
-    return max(measured, key=lambda gamma: step_costs.predicted_speedup(token_acceptance, gamma))
+    return best_gamma(token_acceptance, step_costs.c, {gamma: step_costs.v(gamma) for gamma in measured})

@@ -38,6 +38,7 @@ from transformers import GenerationConfig
 
 from decode.cli import CONFIG_PATH, register_help
 from decode.config import DecodeConfig, PairConfig
+from decode.cost_model import MAX_GAMMA, MIN_VERIFY_COST
 from decode.errors import ConfigError, SpecdraftError
 from decode.models import ModelSpec, locate
 from decode.native import NativeLlamaRunner
@@ -55,7 +56,6 @@ MODES = ("ours_ar", "ours_spec", "ours_spec_dynamic", "hf_generate", "hf_assiste
 AR_MODES = ("ours_ar", "hf_generate", "llama_cpp")
 COST_REPEATS = 15  # repetitions of the step costs at each context (decode/step_costs.py): about 30 s each at 512 tokens
 WARM_UP_TOKENS = 8
-SLOW_AR_V = 0.95  # a verify of gamma + 1 tokens below this share of one AR step means the AR step is slow
 
 
 @dataclass
@@ -69,7 +69,7 @@ class BenchConfig:
     modes: List[str] = field(default_factory=lambda: list(MODES))
     cost_context: int = 512  # context of v(gamma) and of the long-context c
     short_context: int = 32  # c is measured here too
-    max_cost_gamma: int = 8  # v(gamma) for gamma 1..this
+    max_cost_gamma: int = MAX_GAMMA  # v(gamma) for gamma 1..this
 
 
 ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
@@ -303,7 +303,7 @@ def _cell(row: dict, key: str, spec: str) -> str:
 
 
 def slow_ar_gammas(v: dict[str, float]) -> list[int]:
-    return [int(gamma) for gamma, value in v.items() if value < SLOW_AR_V]
+    return [int(gamma) for gamma, value in v.items() if value < MIN_VERIFY_COST]
 
 
 def format_costs(report: dict) -> str:
@@ -324,7 +324,7 @@ def format_costs(report: dict) -> str:
         if slow:
             noisy = [gamma for gamma in slow if c.get("v_spread", {}).get(str(gamma), (0, 0))[1] >= 1]
             lines.append(f"WARNING: at {context} tokens a verify of gamma + 1 tokens cost less than "
-                         f"{SLOW_AR_V:.0%} of one AR step for gamma {', '.join(map(str, slow))}: the AR path is slow "
+                         f"{MIN_VERIFY_COST:.0%} of one AR step for gamma {', '.join(map(str, slow))}: the AR path is slow "
                          f"on this machine (route its 1-token forward), and speedups over it are inflated" +
                          (f"; for gamma {', '.join(map(str, noisy))} the interquartile range reaches 1, so other work "
                           f"on the machine may be what this measured: rerun on a quiet machine" if noisy else ""))

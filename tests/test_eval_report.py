@@ -21,7 +21,8 @@ from decode.pair import load_pair
 from decode.tiny import tiny_llama, tiny_tokenizer
 from eval.config import ReportConfig
 from decode.step_costs import StepCosts
-from eval.acceptance import Decodes, bootstrap_interval, ratio_of_sums
+from eval.acceptance import Decodes
+from eval.bootstrap import bootstrap_interval, ratio_of_sums
 from eval.report import (ALL_DOMAINS, TABLE_COLUMNS, Draft, build_report, draft_figures, evaluate, format_markdown,
                          load_drafts, table_rows, winner, winner_lines)
 

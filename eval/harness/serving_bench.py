@@ -34,6 +34,7 @@ from tqdm.auto import tqdm
 
 from decode.cli import CONFIG_PATH, register_help
 from decode.config import PairConfig
+from decode.cost_model import DEFAULT_GAMMA
 from decode.errors import ConfigError, SpecdraftError
 from decode.files import write_json, write_text
 from decode.models import ModelSpec, derive_draft, load_model, locate
@@ -63,7 +64,7 @@ class ServingBenchConfig:
     max_prompts: int = 8  # held-out prompts per domain
     max_new_tokens: int = 64
     temperature: float = 0.0  # greedy: the server's output is then the same with any draft
-    gamma: int = 3  # --spec-draft-n-max
+    gamma: int = DEFAULT_GAMMA  # --spec-draft-n-max
     threads: int = 2
     gguf_type: str = "q8_0"  # of the drafts (and of a target that has no GGUF) written for the engine
     untrained: bool = True  # also serve the draft the training starts from

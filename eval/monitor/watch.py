@@ -23,13 +23,13 @@ from urllib.parse import urlsplit
 
 from filelock import FileLock, Timeout
 
+from decode.cost_model import break_even_acceptance
 from decode.errors import ConfigError, SpecdraftError
 from decode.files import remove_stale_staging, write_json
 from eval.monitor import jobs
 from eval.monitor.config import MonitorConfig
 from eval.monitor.drift import (LOW, NO_DATA, Alert, Counts, DomainState, LowWindow, Observation, Retrain, WindowResult,
                                 add_observation, iso_minute, judge, take_complete_windows, track, window_of)
-from eval.monitor.estimates import break_even_acceptance
 from eval.monitor.promotion import (GATE_PROMPTS, KEEP, TRAIN_PROMPTS, GateResult, check_current, promote, run_gate,
                                     served_draft, split_traffic, write_traffic)
 from eval.monitor.sources import (CounterReading, LogPosition, Problems, is_domain_name, parse_time, read_metrics,
