@@ -324,8 +324,8 @@ def format_costs(report: dict) -> str:
         if slow:
             noisy = [gamma for gamma in slow if c.get("v_spread", {}).get(str(gamma), (0, 0))[1] >= 1]
             lines.append(f"WARNING: at {context} tokens a verify of gamma + 1 tokens cost less than "
-                         f"{MIN_VERIFY_COST:.0%} of one AR step for gamma {', '.join(map(str, slow))}: the AR path is slow "
-                         f"on this machine (route its 1-token forward), and speedups over it are inflated" +
+                         f"{MIN_VERIFY_COST:.0%} of one AR step for gamma {', '.join(map(str, slow))}: the AR path "
+                         f"is slow on this machine (route its 1-token forward), and speedups over it are inflated" +
                          (f"; for gamma {', '.join(map(str, noisy))} the interquartile range reaches 1, so other work "
                           f"on the machine may be what this measured: rerun on a quiet machine" if noisy else ""))
     lines += [f"matmul route, {name}: {described}" for name, described in report["route"].items()]

@@ -60,7 +60,8 @@ class EngineCosts:
         return (1 + accepted / rounds) * server_token_s / round_s
 
     def expected_speedup(self, token_acceptance: float, gamma: int) -> float:
-        return cost_model.predicted_speedup(token_acceptance, gamma, self.draft_cost_ratio, self.verify_cost_ratio(gamma))
+        return cost_model.predicted_speedup(token_acceptance, gamma, self.draft_cost_ratio,
+                                            self.verify_cost_ratio(gamma))
 
     def best_gamma(self, token_acceptance: float) -> int:
         return cost_model.best_gamma(token_acceptance, self.draft_cost_ratio,
