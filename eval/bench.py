@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import math
-import sys
 import tempfile
 import threading
 import time
@@ -36,7 +35,7 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import GenerationConfig
 
-from decode.cli import CONFIG_PATH, register_help
+from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.config import DecodeConfig, PairConfig
 from decode.cost_model import MAX_GAMMA, MIN_VERIFY_COST
 from decode.errors import ConfigError, SpecdraftError
@@ -381,14 +380,11 @@ register_help("bench", __doc__)
 def main(cfg: DictConfig) -> None:
     config: BenchConfig = OmegaConf.to_object(cfg)
     output_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
+    with exit_on_user_error():
         pair = load_pair(config.pair.target, config.pair.draft, config.pair.check_chat_template)
         texts = [prompt.text for domain in config.domains
                  for prompt in load_prompts(domain, "heldout")[: config.prompts_per_domain]]
         report = run_benchmark(config, pair, pair.encode_chat(texts), log_dir=output_dir)
-    except SpecdraftError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
     print(format_table(report))
     path = output_dir / "bench.json"
     path.write_text(json.dumps(report, indent=2))

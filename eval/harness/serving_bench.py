@@ -20,7 +20,6 @@ serving_bench.md to serving.output_dir; the last line printed is that directory.
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
@@ -32,10 +31,10 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from decode.cli import CONFIG_PATH, register_help
+from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.config import PairConfig
 from decode.cost_model import DEFAULT_GAMMA
-from decode.errors import ConfigError, SpecdraftError
+from decode.errors import ConfigError
 from decode.files import write_json, write_text
 from decode.models import ModelSpec, derive_draft, load_model, locate
 from decode.eagle3.head import Eagle3Head
@@ -262,13 +261,10 @@ register_help("serving_bench", __doc__)
 def main(cfg: DictConfig) -> None:
     config: ServingBenchCommand = OmegaConf.to_object(cfg)
     output_dir = Path(config.serving.output_dir or HydraConfig.get().runtime.output_dir)
-    try:
+    with exit_on_user_error():
         validate(config.serving)
         pair = load_pair(config.pair.target, config.pair.draft, config.pair.check_chat_template)
         report = run_bench(pair, config.pair, config.serving, output_dir, config.seed)
-    except SpecdraftError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
     table = format_markdown(report)
     write_json(output_dir / "serving_bench.json", report)
     write_text(output_dir / "serving_bench.md", table)
