@@ -39,7 +39,7 @@ from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.config import DecodeConfig, PairConfig
 from decode.cost_model import MAX_GAMMA, MIN_VERIFY_COST
 from decode.errors import ConfigError, SpecdraftError
-from decode.models import ModelSpec, locate
+from decode.models import ModelSpec, gguf_path
 from decode.native import NativeLlamaRunner
 from decode.pair import ModelPair, load_pair
 from decode.sampling import SamplingParams
@@ -136,16 +136,16 @@ def llama_cpp_generate(server: LlamaServer, prompt: list[int], sampling: Samplin
 def llama_cpp_unavailable(target: ModelSpec) -> tuple[str | None, str | None]:
     """-> (the target's GGUF path, None), or (None, why llama.cpp cannot serve it here)."""
     try:
-        directory, gguf_file = locate(target)
+        path = gguf_path(target)
     except SpecdraftError as error:
         return None, str(error)
-    if gguf_file is None:
+    if path is None:
         return None, f"the target {target.path} is not a GGUF file"
     try:
         find_binary()
     except ServerError as error:
         return None, str(error)
-    return str(Path(directory, gguf_file)), None
+    return str(path), None
 
 
 def step_costs(cfg: BenchConfig, decoder, sampling: SamplingParams) -> dict:

@@ -2,7 +2,7 @@
 
 import pytest
 
-from decode import bench
+from eval import bench
 from eval.bench import BenchConfig, format_costs, format_table, run_benchmark, strongest_ar
 from decode.config import DecodeConfig, PairConfig
 from decode.errors import ConfigError

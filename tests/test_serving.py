@@ -17,7 +17,6 @@ import pytest
 
 from decode.config import PairConfig
 from decode.models import ModelSpec
-from decode.pair import load_pair
 from decode.serving.engine_costs import EngineCosts
 from decode.export.engines import ServingTarget, serving_flags, write_serving_files
 from decode.export.gguf import write_gguf
@@ -34,11 +33,6 @@ TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="
 pytestmark = pytest.mark.serving
 
 
-
-
-@pytest.fixture(scope="module")
-def tiny_pair():
-    return load_pair(TINY.target, TINY.draft)
 
 
 @pytest.fixture(scope="module")

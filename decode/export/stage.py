@@ -35,7 +35,7 @@ from decode.context import RunContext
 from decode.eagle3.head import Eagle3Head, is_eagle3_directory, save_head_files
 from decode.errors import ExportError, ExportMismatch
 from decode.files import published
-from decode.models import ModelSpec, load_model, locate, model_source
+from decode.models import ModelSpec, gguf_path, load_model, model_source
 from decode.results import EvalResult, ExportResult, GenerateResult, TrainResult
 from decode.sampling import SamplingParams
 from decode.export.card import model_card
@@ -97,8 +97,7 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
         raise ExportError(f"{destination} exists; set export.overwrite=true to replace it")
     if not ctx.is_main_process:
         return None
-    target_dir, target_gguf = locate(ctx.target_spec)
-    target_gguf = Path(target_dir, target_gguf) if target_gguf else None
+    target_gguf = gguf_path(ctx.target_spec)
     job = ExportJob(ctx, settings, decode, draft_spec, destination,
                     ServingTarget(_serving_target_path(ctx.target_spec), str(target_gguf) if target_gguf else None),
                     target_gguf, gamma=(evaluated.engine_gamma if evaluated else None) or decode.gamma,

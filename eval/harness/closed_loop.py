@@ -37,7 +37,7 @@ from omegaconf import DictConfig, OmegaConf
 from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.errors import ConfigError
 from decode.files import point_symlink, write_json
-from decode.models import load_tokenizer, locate
+from decode.models import gguf_path, load_tokenizer
 from decode.pair import encode_chat
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec
 from distill.domains import domain_config
@@ -91,11 +91,11 @@ class ServedLoop:
     def __init__(self, config: ClosedLoopCommand, output_dir: Path):
         self.config, self.output_dir = config, output_dir
         self.current = Path(config.promotion.current)
-        located_dir, located_file = locate(config.pair.target)
-        if not located_file:
+        target_gguf = gguf_path(config.pair.target)
+        if target_gguf is None:
             raise ConfigError("the closed loop serves the target with llama-server: pair.target must be "
                               "a .gguf file")
-        self.target_gguf = str(Path(located_dir, located_file))
+        self.target_gguf = str(target_gguf)
         self.tokenizer = load_tokenizer(config.pair.target)
         self.request_log = output_dir / "requests.jsonl"
         self.steps: list[dict] = []

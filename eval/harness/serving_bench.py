@@ -36,7 +36,7 @@ from decode.config import PairConfig
 from decode.cost_model import DEFAULT_GAMMA
 from decode.errors import ConfigError
 from decode.files import write_json, write_text
-from decode.models import ModelSpec, derive_draft, load_model, locate
+from decode.models import ModelSpec, derive_draft, gguf_path, load_model
 from decode.eagle3.head import Eagle3Head
 from decode.pair import ModelPair, load_draft, load_pair
 from decode.export.eagle3_gguf import write_eagle3_gguf
@@ -103,9 +103,9 @@ def validate(settings: ServingBenchConfig) -> None:
 
 
 def target_gguf(pair: ModelPair, spec: ModelSpec, directory: Path, outtype: str) -> str:
-    located_dir, located_file = locate(spec)
-    if located_file:
-        return str(Path(located_dir, located_file))
+    located = gguf_path(spec)
+    if located is not None:
+        return str(located)
     return str(write_gguf(pair.target, pair.tokenizer, directory / "target.gguf", outtype=outtype))
 
 
