@@ -153,7 +153,7 @@ def step_costs(cfg: BenchConfig, decoder, sampling: SamplingParams) -> dict:
     of the first temperature benchmarked, and the route each runner took."""
     contexts = [cfg.short_context, cfg.cost_context]
     costs = {str(context): measure_step_costs(decoder, sampling, context, cfg.max_cost_gamma,
-                                              COST_REPEATS).to_dict() for context in contexts}
+                                              COST_REPEATS).figures().to_json() for context in contexts}
     runners = (("target", decoder.target), ("draft", decoder.draft))
     return {"cost_context": cfg.cost_context, "step_costs": costs,
             "skinny_route": {name: runner.skinny_route.summary() if isinstance(runner, NativeLlamaRunner) else None

@@ -9,15 +9,17 @@ from pathlib import Path
 
 import yaml
 
+from decode.export.record import ExportRecord
+from decode.records import AcceptanceFigures, EngineCheck
 from decode.results import EvalResult, GenerateResult, TrainResult
 
 
-def model_card(record: dict, evaluated: EvalResult | None, trained: TrainResult | None,
+def model_card(record: ExportRecord, evaluated: EvalResult | None, trained: TrainResult | None,
                generated: GenerateResult | None, config: dict) -> str:
     """record: the export's paths, gamma and flags; evaluated / trained / generated: the records of this draft's
     eval, training and data (None when absent); config: the resolved settings."""
     domain, generate, method = config["domain"], config["generate"], config["method"]
-    flags = record["flags"]
+    flags = record.result.flags
     lines = [f"# Draft model for speculative decoding: {domain['name']}", ""]
     if evaluated is not None and evaluated.verdict:
         lines += [f"**Not recommended as measured: {evaluated.verdict}.**", ""]
@@ -30,14 +32,14 @@ def model_card(record: dict, evaluated: EvalResult | None, trained: TrainResult 
         f"- method: {method['name']}, loss {method['loss']}, lr {method['lr']}"
         + (f", {trained.steps} steps" if trained else "")
         + (f", LoRA r={method['lora']['r']} (merged)" if method.get("lora") else ""),
-        *_draft_lines(record), *_eval_lines(evaluated, record["gamma"]), "",
-        "## Serving", "", _files_line(record["files"]), "", "vLLM:", "", "```", _command(flags["vllm"]), "```", ""]
+        *_draft_lines(record), *_eval_lines(evaluated, record.result.gamma), "",
+        "## Serving", "", _files_line(record.files), "", "vLLM:", "", "```", _command(flags["vllm"]), "```", ""]
     if "sglang" in flags:
         lines += ["SGLang:", "", "```", _command(flags["sglang"]), "```", ""]
     if "llama_cpp" in flags:
         lines += ["llama.cpp:", "", "```", _command(flags["llama_cpp"]), "```", ""]
-        lines += _engine_lines(record["round_trip"].get("engine") or {})
-    lines += _eagle3_notes(record["eagle3"]) if record["draft_kind"] == "eagle3" else _pruned_vocab_note(record)
+        lines += _engine_lines(record.result.engine_check)
+    lines += _eagle3_notes(record.eagle3) if record.draft_kind == "eagle3" else _pruned_vocab_note(record)
     lines += ["## Provenance", "", f"- git commit: {_git_commit()}", f"- command line: `{_command(sys.argv)}`", "",
               "Resolved configuration:", "", "```yaml", yaml.safe_dump(config, sort_keys=False).rstrip(), "```", ""]
     return "\n".join(lines)
@@ -46,13 +48,13 @@ def model_card(record: dict, evaluated: EvalResult | None, trained: TrainResult 
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llama_cpp": "llama.cpp"}
 
 
-def _draft_lines(record: dict) -> list[str]:
-    if record["draft_kind"] != "eagle3":
-        return [f"- draft vocabulary: {record['draft_vocab_size'] or 'full'}"]
-    eagle3 = record["eagle3"]
+def _draft_lines(record: ExportRecord) -> list[str]:
+    if record.draft_kind != "eagle3":
+        return [f"- draft vocabulary: {record.draft_vocab_size or 'full'}"]
+    eagle3 = record.eagle3
     return [f"- draft: an EAGLE-3 head (one decoder layer over the target's hidden states), reading the residual "
             f"stream entering target layers {eagle3['capture_layers']} (of {eagle3['target_layers']})",
-            f"- draft vocabulary: {record['draft_vocab_size']} of the target's {eagle3['vocab_size']} tokens"]
+            f"- draft vocabulary: {record.draft_vocab_size} of the target's {eagle3['vocab_size']} tokens"]
 
 
 def _files_line(files: dict) -> str:
@@ -62,8 +64,8 @@ def _files_line(files: dict) -> str:
     return "Files: " + ", ".join(f"`{name}` ({', '.join(engines)})" for name, engines in by_file.items()) + "."
 
 
-def _pruned_vocab_note(record: dict) -> list[str]:
-    if not record["draft_vocab_size"]:
+def _pruned_vocab_note(record: ExportRecord) -> list[str]:
+    if not record.draft_vocab_size:
         return []
     return ["The draft keeps a pruned vocabulary: the output rows of the other tokens are zero here "
             "(engines give them a small probability); this project's decoder reads `draft_vocab` from "
@@ -89,11 +91,11 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
                 f"configured decode.gamma (run stages=[eval,export] export.overwrite=true for measured figures)"]
     before, after = evaluated.before, evaluated.after
     lines = [f"- held-out acceptance on {evaluated.prompts} prompts (speculative decoding at gamma "
-             f"{evaluated.gamma}; 95% intervals over prompts): per-token acceptance {_figure(before['token_acceptance'])}"
-             f" before training{_untrained_on(before, evaluated.prompts)}, {_figure(after['token_acceptance'])}"
-             f"{_interval(after['token_acceptance_interval'])} "
-             f"after; alpha = accepted/drafted {_figure(before['alpha'])} -> {_figure(after['alpha'])}"
-             f"{_interval(after['alpha_interval'])}"]
+             f"{evaluated.gamma}; 95% intervals over prompts): per-token acceptance {_figure(before.token_acceptance)}"
+             f" before training{_untrained_on(before, evaluated.prompts)}, {_figure(after.token_acceptance)}"
+             f"{_interval(after.token_acceptance_interval)} "
+             f"after; alpha = accepted/drafted {_figure(before.alpha)} -> {_figure(after.alpha)}"
+             f"{_interval(after.alpha_interval)}"]
     if evaluated.draft_alone:
         lines.append(f"- these figures are with context copies (decode.copy_ngram), which only this project's "
                      f"decoder runs; the draft alone, as vLLM, SGLang and llama.cpp serve it: "
@@ -101,23 +103,24 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
     if evaluated.step_costs:
         costs = evaluated.step_costs
         lines.append(f"- recommended gamma: {gamma} (the most tokens per second for this acceptance and the step "
-                     f"costs measured at export time: draft c = {costs['c']:.3f}, verify v({gamma}) = "
-                     f"{costs['v'][str(gamma)]:.2f} AR steps)")
+                     f"costs measured at export time: draft c = {costs.c:.3f}, verify v({gamma}) = "
+                     f"{costs.v[gamma]:.2f} AR steps)")
     speed = evaluated.speed
-    if speed and speed["speedup"] is not None:
-        lines.append(f"- speed at gamma {speed['gamma']}: {speed['speedup']:.2f}x our autoregressive decoding"
-                     f"{_interval(speed['speedup_interval'], '.2f')} (predicted {_figure(speed['predicted_speedup'], '.2f')}x)")
+    if speed and speed.speedup is not None:
+        lines.append(f"- speed at gamma {speed.gamma}: {speed.speedup:.2f}x our autoregressive decoding"
+                     f"{_interval(speed.speedup_interval, '.2f')} "
+                     f"(predicted {_figure(speed.predicted_speedup, '.2f')}x)")
     return lines
 
 
-def _acceptance(figures: dict) -> str:
-    return (f"per-token acceptance {_figure(figures['token_acceptance'])}"
-            f"{_interval(figures['token_acceptance_interval'])}, alpha {_figure(figures['alpha'])}"
-            f"{_interval(figures['alpha_interval'])}")
+def _acceptance(figures: AcceptanceFigures) -> str:
+    return (f"per-token acceptance {_figure(figures.token_acceptance)}"
+            f"{_interval(figures.token_acceptance_interval)}, alpha {_figure(figures.alpha)}"
+            f"{_interval(figures.alpha_interval)}")
 
 
-def _untrained_on(before: dict, prompts: int) -> str:
-    return "" if before.get("prompts", prompts) == prompts else f" (on the first {before['prompts']} of them)"
+def _untrained_on(before: AcceptanceFigures, prompts: int) -> str:
+    return "" if before.prompts == prompts else f" (on the first {before.prompts} of them)"
 
 
 def _figure(value, spec=".3f") -> str:
@@ -128,21 +131,21 @@ def _interval(bounds, spec=".3f") -> str:
     return f" [{bounds[0]:{spec}}, {bounds[1]:{spec}}]" if bounds else ""
 
 
-def _engine_lines(engine: dict) -> list[str]:
-    if "skipped" in engine:
-        return [f"Not served by llama-server at export ({engine['skipped']}).", ""]
-    if not engine:
+def _engine_lines(engine: EngineCheck | None) -> list[str]:
+    if engine is None:
         return []
-    served = (f"Served by llama-server at export, greedy, on {engine['prompts']} prompts: alpha = accepted/drafted "
-              f"{engine['alpha']:.3f} ({engine['accepted']}/{engine['drafted']}).")
-    if "c" not in engine:  # an EAGLE-3 draft: llama-bench cannot time it
+    if engine.skipped is not None:
+        return [f"Not served by llama-server at export ({engine.skipped}).", ""]
+    served = (f"Served by llama-server at export, greedy, on {engine.prompts} prompts: alpha = accepted/drafted "
+              f"{engine.alpha:.3f} ({engine.accepted}/{engine.drafted}).")
+    if not engine.has_step_costs:  # an EAGLE-3 draft: llama-bench cannot time it
         return [served, ""]
-    gamma = engine["gamma"]
-    lines = [f"{served} llama-bench step costs: draft c = {engine['c']:.3f}, verify v({gamma}) = "
-             f"{engine['v'][str(gamma)]:.3f}; `--spec-draft-n-max {gamma}` predicts "
-             f"{engine['predicted_speedup']:.2f}x the target alone at per-token acceptance "
-             f"{engine['token_acceptance']:.3f}.", ""]
-    if engine["predicted_speedup"] < 1.0:
+    gamma = engine.gamma
+    lines = [f"{served} llama-bench step costs: draft c = {engine.c:.3f}, verify v({gamma}) = "
+             f"{engine.v[gamma]:.3f}; `--spec-draft-n-max {gamma}` predicts "
+             f"{engine.predicted_speedup:.2f}x the target alone at per-token acceptance "
+             f"{engine.token_acceptance:.3f}.", ""]
+    if engine.predicted_speedup < 1.0:
         lines += ["**llama.cpp: not worth serving as measured: serve the target without this draft.**", ""]
     return lines
 

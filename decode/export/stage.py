@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from transformers import AutoModelForCausalLM
@@ -36,9 +36,11 @@ from decode.eagle3.head import Eagle3Head, is_eagle3_directory, save_head_files
 from decode.errors import ExportError, ExportMismatch
 from decode.files import published
 from decode.models import ModelSpec, gguf_path, load_model, model_source
-from decode.results import EvalResult, ExportResult, GenerateResult, TrainResult
+from decode.records import EngineCheck, ServingStepCosts
+from decode.results import ENGINE_CHECK, EvalResult, ExportResult, GenerateResult, TrainResult
 from decode.sampling import SamplingParams
 from decode.export.card import model_card
+from decode.export.record import RECORD_FILE, ExportRecord
 from decode.export.eagle3_export import (head_round_trip, read_back_heads, sglang_capture_layer_ids,
                                          sglang_unsupported_reason, write_sglang_head)
 from decode.export.eagle3_gguf import write_eagle3_gguf
@@ -75,8 +77,9 @@ class ExportJob:
 @dataclass
 class WrittenDraft:
     flags: dict  # the engines' settings
-    checks: dict  # the round trip, and the engine check under "engine"
-    record: dict  # what export.json says of this kind of draft
+    checks: dict  # the round trip
+    record: dict  # what export.json says of this kind of draft (ExportRecord's draft_kind, files, ...)
+    engine: EngineCheck | None = None  # None: not checked (export.engine_check=false, no GGUF)
 
 
 def export_destination(ctx: RunContext, settings: ExportConfig) -> Path:
@@ -106,14 +109,15 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
     write_draft = write_eagle3_draft if is_eagle3_directory(draft_spec.path) else write_causal_lm_draft
     with published(destination, directory=True) as staging:
         written = write_draft(job, staging)
-        engine = written.checks.get("engine", {})
+        engine = written.engine
         warning = evaluated.verdict if evaluated else None
-        write_serving_files(staging / "serving", written.flags, warning, engine_warning(engine))
+        write_serving_files(staging / "serving", written.flags, warning, engine_warning(engine) if engine else None)
+        checks = {**written.checks, **({ENGINE_CHECK: engine.to_json()} if engine else {})}
         result = ExportResult(draft_fingerprint=draft_fingerprint, export_path=str(destination), gamma=job.gamma,
-                              evaluated=evaluated is not None, flags=written.flags, round_trip=written.checks)
-        record = {**asdict(result), "worth_serving": warning is None if evaluated else None,
-                  "step_costs": serving_step_costs(evaluated, engine, job.gamma), **written.record}
-        (staging / "export.json").write_text(json.dumps(record, indent=2) + "\n")
+                              evaluated=evaluated is not None, flags=written.flags, round_trip=checks)
+        record = ExportRecord(result=result, worth_serving=warning is None if evaluated else None,
+                              step_costs=serving_step_costs(evaluated, engine, job.gamma), **written.record)
+        (staging / RECORD_FILE).write_text(json.dumps(record.to_json(), indent=2) + "\n")
         (staging / "README.md").write_text(model_card(record, evaluated, trained, generated, config))
     return result
 
@@ -128,20 +132,20 @@ def write_causal_lm_draft(job: ExportJob, staging: Path) -> WrittenDraft:
     if settings.gguf:
         gguf_path = write_gguf(draft, ctx.pair.tokenizer, staging / "draft.gguf", tokenizer_source_gguf=job.target_gguf,
                                outtype=settings.gguf_type)
-    checks = {}
+    checks, engine = {}, None
     if settings.verify_prompts:
         checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, job.decode, job.verify_ids,
                             job.max_new_tokens, settings.gguf_type)
         if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
-            checks["engine"] = engine_check(ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma),
+            engine = engine_check(ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma),
                                             job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log",
                                             job.token_acceptance)
     flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
-                          job.gamma, checks.get("engine", {}).get("gamma"))
+                          job.gamma, engine.gamma if engine else None)
     kept = getattr(draft.config, "draft_vocab", None)
     files = {"vllm": "draft", "sglang": "draft", **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
     return WrittenDraft(flags, checks, {"draft_kind": "causal_lm", "draft_vocab_size": len(kept) if kept else None,
-                                        "files": files})
+                                        "files": files}, engine)
 
 
 def write_eagle3_draft(job: ExportJob, staging: Path) -> WrittenDraft:
@@ -158,14 +162,14 @@ def write_eagle3_draft(job: ExportJob, staging: Path) -> WrittenDraft:
     if settings.gguf:
         gguf_path = write_eagle3_gguf(head, ctx.pair.tokenizer, staging / "draft.gguf",
                                       tokenizer_source_gguf=job.target_gguf, outtype=settings.gguf_type)
-    checks = {}
+    checks, engine = {}, None
     if settings.verify_prompts:
         written = read_back_heads(head, staging / "draft", sglang_dir, gguf_path, target_layers, settings.gguf_type)
         checks = head_round_trip(ctx.pair, written, job.verify_ids, job.max_new_tokens,
                                  job.decode.gamma_policy(dynamic=False), job.draft_spec.path)
         if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
             spec = ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma, spec_type=EAGLE3_SPEC_TYPE)
-            checks["engine"] = eagle3_engine_check(spec, job.verify_ids, job.max_new_tokens,
+            engine = eagle3_engine_check(spec, job.verify_ids, job.max_new_tokens,
                                                    ctx.run_dir / "engine_check.log")
     flags = eagle3_serving_flags(job.target, job.destination / "draft",
                                  job.destination / "sglang" if sglang_dir else None,
@@ -173,7 +177,8 @@ def write_eagle3_draft(job: ExportJob, staging: Path) -> WrittenDraft:
     files = {"vllm": "draft", **({"sglang": "sglang"} if sglang_dir else {}),
              **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
     return WrittenDraft(flags, checks, {"draft_kind": "eagle3", "draft_vocab_size": head.config.draft_vocab_size,
-                                        "files": files, "eagle3": eagle3_record(head, target_layers, sglang_skipped)})
+                                        "files": files, "eagle3": eagle3_record(head, target_layers, sglang_skipped)},
+                        engine)
 
 
 def eagle3_record(head: Eagle3Head, target_layers: int, sglang_skipped: str | None) -> dict:
@@ -191,14 +196,15 @@ def save_target_tokenizer(ctx: RunContext, directory: Path) -> None:
     check_tokenizer(directory, ctx.pair.tokenizer)
 
 
-def serving_step_costs(evaluated: EvalResult | None, engine: dict, gamma: int) -> dict | None:
+def serving_step_costs(evaluated: EvalResult | None, engine: EngineCheck | None,
+                       gamma: int) -> ServingStepCosts | None:
     """The step costs of the engine this export is most likely served by, for the monitor's break-even
     threshold: llama.cpp's own (llama-bench) when the engine check measured them, else our decoder's."""
-    if "c" in engine:
-        return {"engine": "llama.cpp", "gamma": engine["gamma"], "c": engine["c"], "v": engine["v"]}
+    if engine is not None and engine.has_step_costs:
+        return ServingStepCosts(engine="llama.cpp", gamma=engine.gamma, c=engine.c, v=engine.v)
     if evaluated is not None and evaluated.step_costs:
         costs = evaluated.step_costs
-        return {"engine": "decoder", "gamma": gamma, "c": costs["c"], "v": costs["v"]}
+        return ServingStepCosts(engine="decoder", gamma=gamma, c=costs.c, v=costs.v)
     return None
 
 
@@ -210,7 +216,7 @@ def _serving_target_path(target_spec: ModelSpec) -> str:
 
 
 def engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path,
-                 token_acceptance: float | None) -> dict:
+                 token_acceptance: float | None) -> EngineCheck:
     """draft.gguf served by llama-server next to the target, greedy: it must load and draft. Skipped (and said so)
     when llama-server is not installed; the export fails when the engine refuses the draft or drafts nothing.
 
@@ -218,20 +224,24 @@ def engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: 
     (else the engine's alpha here) they give the gamma llama_cpp.sh uses and the speedup it predicts."""
     missing = missing_server(spec)
     if missing:
-        return {"skipped": missing}
+        return EngineCheck(skipped=missing)
     served = served_draft_counts(spec, prompt_ids, max_new_tokens, log_path)
     costs = measure_engine_costs(find_binary(spec.binary), spec.target_gguf, spec.draft_gguf, spec.threads)
-    acceptance = token_acceptance if token_acceptance is not None else served["alpha"]
-    gamma = costs.best_gamma(acceptance)
-    return {**served, **costs.to_dict(), "gamma": gamma, "token_acceptance": acceptance,
-            "predicted_speedup": costs.expected_speedup(acceptance, gamma)}
+    served.token_acceptance = token_acceptance if token_acceptance is not None else served.alpha
+    served.gamma = costs.best_gamma(served.token_acceptance)
+    served.predicted_speedup = costs.expected_speedup(served.token_acceptance, served.gamma)
+    served.target_tokens_per_s, served.draft_tokens_per_s = costs.target_tokens_per_s, costs.draft_tokens_per_s
+    served.c = costs.draft_cost_ratio
+    served.v = costs.verify_cost_ratios()
+    return served
 
 
-def eagle3_engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path) -> dict:
+def eagle3_engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int,
+                        log_path: Path) -> EngineCheck:
     """The same for an EAGLE-3 GGUF (spec.spec_type draft-eagle3), without step costs (EAGLE3_ENGINE_COSTS)."""
     missing = missing_server(spec)
     if missing:
-        return {"skipped": missing}
+        return EngineCheck(skipped=missing)
     return served_draft_counts(spec, prompt_ids, max_new_tokens, log_path)
 
 
@@ -245,7 +255,8 @@ def missing_server(spec: ServerSpec) -> str | None:
     return None
 
 
-def served_draft_counts(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path) -> dict:
+def served_draft_counts(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int,
+                        log_path: Path) -> EngineCheck:
     """The prompts served with the draft: what it drafted and the target accepted; ExportMismatch when the
     server refuses the draft or drafts nothing."""
     try:
@@ -257,17 +268,17 @@ def served_draft_counts(spec: ServerSpec, prompt_ids: list[list[int]], max_new_t
     if drafted == 0:
         raise ExportMismatch(f"llama-server loaded the exported draft but drafted nothing (see {log_path}): "
                              f"nothing was published")
-    return {"prompts": len(replies), "drafted": drafted, "accepted": accepted, "alpha": accepted / drafted}
+    return EngineCheck(prompts=len(replies), drafted=drafted, accepted=accepted, alpha=accepted / drafted)
 
 
-def engine_warning(engine: dict) -> str | None:
+def engine_warning(engine: EngineCheck) -> str | None:
     """A plain sentence when llama.cpp's own step costs predict no gain from this draft at any gamma."""
-    if engine.get("predicted_speedup") is None or engine["predicted_speedup"] >= 1.0:
+    if engine.predicted_speedup is None or engine.predicted_speedup >= 1.0:
         return None
-    return (f"llama.cpp: with this draft's acceptance ({engine['token_acceptance']:.2f} per token) and the engine's "
-            f"step costs here (draft c = {engine['c']:.2f}, verify v({engine['gamma']}) = "
-            f"{engine['v'][str(engine['gamma'])]:.2f}), the best gamma {engine['gamma']} predicts "
-            f"{engine['predicted_speedup']:.2f}x the target alone: serve the target without this draft")
+    return (f"llama.cpp: with this draft's acceptance ({engine.token_acceptance:.2f} per token) and the engine's "
+            f"step costs here (draft c = {engine.c:.2f}, verify v({engine.gamma}) = "
+            f"{engine.v[engine.gamma]:.2f}), the best gamma {engine.gamma} predicts "
+            f"{engine.predicted_speedup:.2f}x the target alone: serve the target without this draft")
 
 
 def round_trip(ctx: RunContext, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path | None,

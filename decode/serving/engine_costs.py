@@ -41,6 +41,10 @@ class EngineCosts:
     def verify_cost_ratio(self, gamma: int) -> float:
         return (gamma + 1) * self.target_tokens_per_s / self.verify_tokens_per_s[gamma]
 
+    def verify_cost_ratios(self) -> dict[int, float]:
+        """v(gamma) for every gamma measured."""
+        return {gamma: self.verify_cost_ratio(gamma) for gamma in self.verify_tokens_per_s}
+
     def predicted_speedup(self, drafted: float, accepted: float, rounds: float, gamma: int) -> float:
         if rounds <= 0:
             return float("nan")
@@ -64,8 +68,7 @@ class EngineCosts:
                                             self.verify_cost_ratio(gamma))
 
     def best_gamma(self, token_acceptance: float) -> int:
-        return cost_model.best_gamma(token_acceptance, self.draft_cost_ratio,
-                                     {gamma: self.verify_cost_ratio(gamma) for gamma in self.verify_tokens_per_s})
+        return cost_model.best_gamma(token_acceptance, self.draft_cost_ratio, self.verify_cost_ratios())
 
     def to_dict(self) -> dict:
         """Plain JSON data (v keyed by str(gamma)), as summaries, W&B and export.json take it."""
