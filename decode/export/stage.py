@@ -138,8 +138,8 @@ def write_causal_lm_draft(job: ExportJob, staging: Path) -> WrittenDraft:
                             job.max_new_tokens, settings.gguf_type)
         if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
             engine = engine_check(ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma),
-                                            job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log",
-                                            job.token_acceptance)
+                                  job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log",
+                                  job.token_acceptance)
     flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
                           job.gamma, engine.gamma if engine else None)
     kept = getattr(draft.config, "draft_vocab", None)
@@ -169,8 +169,7 @@ def write_eagle3_draft(job: ExportJob, staging: Path) -> WrittenDraft:
                                  job.decode.gamma_policy(dynamic=False), job.draft_spec.path)
         if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
             spec = ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma, spec_type=EAGLE3_SPEC_TYPE)
-            engine = eagle3_engine_check(spec, job.verify_ids, job.max_new_tokens,
-                                                   ctx.run_dir / "engine_check.log")
+            engine = eagle3_engine_check(spec, job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log")
     flags = eagle3_serving_flags(job.target, job.destination / "draft",
                                  job.destination / "sglang" if sglang_dir else None,
                                  job.destination / "draft.gguf" if gguf_path else None, job.gamma)
