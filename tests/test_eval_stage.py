@@ -83,9 +83,10 @@ def test_speed_is_measured_at_the_gamma_the_step_costs_and_acceptance_recommend(
     assert result.speed.ar_tokens_per_s > 0  # AR decoded in the same pass
     assert result.speed.speedup == pytest.approx(result.speed.tokens_per_s / result.speed.ar_tokens_per_s)
     # the prediction at that gamma from the steps as the speed pass ran them, beside AR
-    assert result.speed.predicted_speedup == pytest.approx(eval.acceptance.predicted_from_decodes(
-        DecodeMetrics(**result.speed.counts), DecodeMetrics(**result.speed.ar_counts),
-        result.speed.token_acceptance, 5)[2])
+    _, _, predicted = eval.acceptance.predicted_from_decodes(DecodeMetrics(**result.speed.counts),
+                                                             DecodeMetrics(**result.speed.ar_counts),
+                                                             result.speed.token_acceptance, 5)
+    assert result.speed.predicted_speedup == pytest.approx(predicted)
 
 
 def test_the_prediction_counts_a_verify_as_at_least_one_ar_step():
