@@ -1,4 +1,5 @@
-"""What every command of the project shares: its configs ship inside the package, its --help is its docstring.
+"""What every command of the project shares: its configs ship inside the package, its --help is its docstring,
+and a user's error ends it with one line.
 
 Each command's Hydra configs live in the `conf` package (`pkg://conf`), so the commands compose their
 configuration from an installed wheel as from a clone. A command's help text is kept in one place, the
@@ -8,6 +9,8 @@ docstring of its module: `register_help` makes it the text of `--help`, above th
 from __future__ import annotations
 
 import sys
+from contextlib import contextmanager
+from typing import Iterator
 
 from omegaconf import OmegaConf
 
@@ -27,7 +30,12 @@ def register_help(name: str, doc: str) -> None:
         OmegaConf.register_new_resolver("specdraft_help", lambda command: _HELP[command])
 
 
-def fail(error: SpecdraftError) -> None:
-    """A user's error as one line, with the exit code of its kind."""
-    print(f"error: {error}", file=sys.stderr)
-    sys.exit(error.exit_code)
+@contextmanager
+def exit_on_user_error() -> Iterator[None]:
+    """A user's error raised in the block as one line on stderr (`error: ...`), and an exit with the code of its
+    kind; any other exception keeps its traceback."""
+    try:
+        yield
+    except SpecdraftError as error:
+        print(f"error: {error}", file=sys.stderr)
+        sys.exit(error.exit_code)

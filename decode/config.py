@@ -7,6 +7,7 @@ configuration into them once, so library code never sees a DictConfig.
 from dataclasses import dataclass, field
 from typing import Optional
 
+from decode.cost_model import DEFAULT_GAMMA, MAX_GAMMA, MIN_GAMMA
 from decode.errors import ConfigError
 from decode.models import ModelSpec
 from decode.sampling import SamplingParams
@@ -20,10 +21,10 @@ class DecodeConfig:
     temperature: float = 0.7
     top_k: int = 0
     top_p: float = 0.9
-    gamma: int = 3
+    gamma: int = DEFAULT_GAMMA
     dynamic_gamma: bool = False  # grow after a fully accepted round, shrink after an early rejection
-    min_gamma: int = 2
-    max_gamma: int = 8
+    min_gamma: int = MIN_GAMMA
+    max_gamma: int = MAX_GAMMA
     # n > 0: a draft position whose last n tokens occurred earlier in the context proposes the token that
     # followed them (q = 1 on it) instead of the draft's sample; exact either way (decode/lookup.py)
     copy_ngram: int = 0

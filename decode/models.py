@@ -161,6 +161,13 @@ def _tiny_random_dir() -> Path:
     return directory
 
 
+def gguf_path(spec: ModelSpec) -> Path | None:
+    """The model's GGUF file (a .gguf path, package://.../<file>.gguf, or a directory with gguf_file); None when the
+    model is not a GGUF file."""
+    directory, gguf_file = locate(spec)
+    return Path(directory, gguf_file) if gguf_file else None
+
+
 def model_fingerprint(spec: ModelSpec) -> str:
     """What identifies a model's weights: the content of a local file or directory, or hub id@revision."""
     if spec.path == TINY_RANDOM:

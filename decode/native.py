@@ -14,6 +14,7 @@ import time
 import torch
 import torch.nn.functional as F
 from torch import nn
+from transformers.models.llama.modeling_llama import rotate_half
 
 from decode.cache import KVCache
 from decode.matmul_route import (SMALL_MODEL_ELEMENTS, STEP_PAD_CONTEXTS, STEP_PAD_REPEATS, StepPadding,
@@ -48,11 +49,6 @@ def native_unsupported_reason(model: nn.Module) -> str | None:
 def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     """As transformers' LlamaRMSNorm (normalise in float32, scale in the input dtype), in two fused ops."""
     return weight * F.rms_norm(x.to(torch.float32), x.shape[-1:], eps=eps).to(x.dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 _step_padding: dict[tuple, StepPadding] = {}

@@ -16,15 +16,28 @@ from pathlib import Path
 from typing import Optional, TypeVar
 
 from decode.files import write_json
+from decode.records import AcceptanceFigures, EngineCheck, StepCostFigures
 
 log = logging.getLogger(__name__)
 
 RESULTS_DIR = "results"
 FORMAT_VERSION = 1
+ENGINE_CHECK = "engine"  # the engine check's entry among an export's read-back checks (ExportResult.round_trip)
+
+
+class PlainRecord:
+    """A record whose JSON is its fields as they are: asdict writes it, its fields read it back."""
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict):
+        return cls(**data)
 
 
 @dataclass
-class GenerateResult:
+class GenerateResult(PlainRecord):
     """The target's answers the draft trains and is validated on (in the answer cache)."""
 
     train_data: str
@@ -36,7 +49,7 @@ class GenerateResult:
 
 
 @dataclass
-class TrainResult:
+class TrainResult(PlainRecord):
     draft_path: str
     draft_fingerprint: str
     steps: int
@@ -64,45 +77,71 @@ class TrainResult:
 class EvalResult:
     """Held-out acceptance before and after training, the step costs, and the speed at the recommended gamma.
 
-    `before`, `after` and `speed` are figures of eval.acceptance.figures (alpha, token_acceptance, intervals,
-    speedup, predicted_speedup, ...); `verdict` is None when the draft pays, else the sentence to act on."""
+    `verdict` is None when the draft pays, else the sentence to act on."""
 
     draft_fingerprint: str
     prompts: int
     gamma: int  # of the acceptance passes
-    before: dict
-    after: dict
-    step_costs: Optional[dict]  # decode.step_costs.StepCosts.to_dict()
+    before: AcceptanceFigures
+    after: AcceptanceFigures
+    step_costs: Optional[StepCostFigures]  # the trained draft's, timed beside the decodes
     recommended_gamma: Optional[int]
-    speed: Optional[dict]  # the speed prompts one request at a time at the recommended gamma, AR interleaved
+    # the speed prompts one request at a time at the recommended gamma, AR interleaved
+    speed: Optional[AcceptanceFigures]
     verdict: Optional[str] = None
     # with context copies on (decode.copy_ngram): the trained draft on the same prompts without them, as the
     # engines serve it (vLLM and SGLang run a draft or n-gram lookup, not both)
-    draft_alone: Optional[dict] = None
+    draft_alone: Optional[AcceptanceFigures] = None
 
     @property
     def token_acceptance(self) -> Optional[float]:
-        return self.after.get("token_acceptance")
+        return self.after.token_acceptance
 
     @property
     def engine_token_acceptance(self) -> Optional[float]:
         """The per-token acceptance an engine serving this draft can expect: without context copies."""
-        return (self.draft_alone or self.after).get("token_acceptance")
+        return (self.draft_alone or self.after).token_acceptance
 
     @property
     def engine_gamma(self) -> Optional[int]:
         """The gamma the engines are told: the recommended one for the draft without context copies."""
-        return self.draft_alone.get("recommended_gamma") if self.draft_alone else self.recommended_gamma
+        return self.draft_alone.recommended_gamma if self.draft_alone else self.recommended_gamma
+
+    def to_json(self) -> dict:
+        return {"draft_fingerprint": self.draft_fingerprint, "prompts": self.prompts, "gamma": self.gamma,
+                "before": self.before.to_json(), "after": self.after.to_json(),
+                "step_costs": _optional(self.step_costs, StepCostFigures.to_json),
+                "recommended_gamma": self.recommended_gamma,
+                "speed": _optional(self.speed, AcceptanceFigures.to_json), "verdict": self.verdict,
+                "draft_alone": _optional(self.draft_alone, AcceptanceFigures.to_json)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> EvalResult:
+        return cls(draft_fingerprint=data["draft_fingerprint"], prompts=data["prompts"], gamma=data["gamma"],
+                   before=AcceptanceFigures.from_json(data["before"]), after=AcceptanceFigures.from_json(data["after"]),
+                   step_costs=_optional(data["step_costs"], StepCostFigures.from_json),
+                   recommended_gamma=data["recommended_gamma"],
+                   speed=_optional(data["speed"], AcceptanceFigures.from_json), verdict=data.get("verdict"),
+                   draft_alone=_optional(data.get("draft_alone"), AcceptanceFigures.from_json))
+
+
+def _optional(value, convert):
+    return None if value is None else convert(value)
 
 
 @dataclass
-class ExportResult:
+class ExportResult(PlainRecord):
     draft_fingerprint: str
     export_path: str
     gamma: int
     evaluated: bool  # whether an eval of this very draft stood behind the gamma and the figures
     flags: dict = field(default_factory=dict)
-    round_trip: dict = field(default_factory=dict)
+    round_trip: dict = field(default_factory=dict)  # the read-back checks, and the engine check under ENGINE_CHECK
+
+    @property
+    def engine_check(self) -> Optional[EngineCheck]:
+        engine = self.round_trip.get(ENGINE_CHECK)
+        return None if engine is None else EngineCheck.from_json(engine)
 
 
 STAGE_RESULTS = {"generate": GenerateResult, "train": TrainResult, "eval": EvalResult, "export": ExportResult}
@@ -121,7 +160,7 @@ def stage_name(result) -> str:
 
 
 def save_result(run_dir: Path, result) -> None:
-    write_json(result_path(run_dir, stage_name(result)), {"version": FORMAT_VERSION, **asdict(result)})
+    write_json(result_path(run_dir, stage_name(result)), {"version": FORMAT_VERSION, **result.to_json()})
 
 
 def load_result(run_dir: Path, kind: type[Result], draft_fingerprint: Optional[str] = None) -> Optional[Result]:
@@ -136,7 +175,7 @@ def load_result(run_dir: Path, kind: type[Result], draft_fingerprint: Optional[s
     if data.pop("version", None) != FORMAT_VERSION or not set(data) <= names:
         log.warning("%s is of another format: ignored", path)
         return None
-    result = kind(**data)
+    result = kind.from_json(data)
     if draft_fingerprint is not None and getattr(result, "draft_fingerprint", None) != draft_fingerprint:
         log.info("%s describes another draft than %s's: ignored", path, stage)
         return None
@@ -155,6 +194,6 @@ def roll_up(run_dir: Path, identity: dict, stage_seconds: dict) -> dict:
     for stage, kind in STAGE_RESULTS.items():
         result = load_result(run_dir, kind)
         if result is not None:
-            summary[stage] = asdict(result)
+            summary[stage] = result.to_json()
     summary["stage_seconds"] = stage_seconds
     return summary

@@ -21,6 +21,8 @@ from functools import partial
 
 import torch
 
+from decode.cost_model import predicted_speedup
+from decode.records import StepCostFigures
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams, probs_from_logits, sample
 from decode.speculative import SpeculativeDecoder, verify
@@ -47,19 +49,19 @@ class StepCosts:
         return self.verify_s[gamma] / self.target_step_s
 
     def predicted_speedup(self, token_acceptance: float, gamma: int) -> float:
-        """Tokens per round over the round's cost in AR steps."""
-        tokens_per_round = sum(token_acceptance ** i for i in range(gamma + 1))
-        return tokens_per_round / (gamma * self.c + self.v(gamma))
+        return predicted_speedup(token_acceptance, gamma, self.c, self.v(gamma))
 
-    def to_dict(self) -> dict:
-        data = {"context": self.context, "target_step_ms": 1000 * self.target_step_s,
-                "draft_step_ms": 1000 * self.draft_step_s, "c": self.c,
-                "v": {str(gamma): self.v(gamma) for gamma in sorted(self.verify_s)}}
+    def figures(self) -> StepCostFigures:
+        """The record the eval, the export and the reports keep: milliseconds, and ratios to the AR step."""
+        figures = StepCostFigures(context=self.context, target_step_ms=1000 * self.target_step_s,
+                                  draft_step_ms=1000 * self.draft_step_s, c=self.c,
+                                  v={gamma: self.v(gamma) for gamma in sorted(self.verify_s)})
         if self.spread:
-            data.update(repeats=self.repeats, target_step_ms_spread=[1000 * s for s in self.spread["target"]],
-                        c_spread=list(self.spread["c"]),
-                        v_spread={str(gamma): list(self.spread[gamma]) for gamma in sorted(self.verify_s)})
-        return data
+            figures.repeats = self.repeats
+            figures.target_step_ms_spread = [1000 * s for s in self.spread["target"]]
+            figures.c_spread = list(self.spread["c"])
+            figures.v_spread = {gamma: list(self.spread[gamma]) for gamma in sorted(self.verify_s)}
+        return figures
 
 
 def synchronize(device: torch.device) -> None:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import json
 import logging
 import re
 from collections import Counter
@@ -82,20 +81,13 @@ def read_prompts_by_domain(path: Path) -> dict[str, list[str]]:
     if not path.is_file():
         raise PromptError(f"prompt file not found: {path}")
     by_domain: dict[str, dict[str, None]] = {}  # an ordered set per domain
-    with path.open(encoding="utf-8") as lines:
-        for number, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise PromptError(f"{path}:{number}: not valid JSON ({error.msg} at column {error.colno})") from None
-            if not isinstance(record, dict) or not isinstance(record.get("domain"), str) or not record["domain"]:
-                raise PromptError(f"{path}:{number}: need a JSON object with a non-empty string field 'domain'")
-            text = record.get("prompt")
-            if not isinstance(text, str) or not text.strip():
-                raise PromptError(f"{path}:{number}: field 'prompt' must be a non-empty string")
-            by_domain.setdefault(record["domain"], {})[text] = None
+    for where, _, record in json_objects(path):
+        if not isinstance(record.get("domain"), str) or not record["domain"]:
+            raise PromptError(f"{where}: need a JSON object with a non-empty string field 'domain'")
+        text = record.get("prompt")
+        if not isinstance(text, str) or not text.strip():
+            raise PromptError(f"{where}: field 'prompt' must be a non-empty string")
+        by_domain.setdefault(record["domain"], {})[text] = None
     if not by_domain:
         raise PromptError(f"{path}: no prompts")
     return {domain: list(prompts) for domain, prompts in by_domain.items()}

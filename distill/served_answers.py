@@ -62,7 +62,7 @@ from typing import Iterator
 from tqdm.auto import tqdm
 
 from decode.errors import ConfigError, SpecdraftError
-from decode.models import ModelSpec, locate
+from decode.models import ModelSpec, gguf_path
 from decode.sampling import SamplingParams
 from decode.serving.llama_server import LlamaServer, ServerSpec
 
@@ -197,13 +197,13 @@ class ServedAnswers:
 
 def target_gguf(target_spec: ModelSpec) -> str:
     """The target's GGUF file, which answers=llama_server serves; a ConfigError where the target is none."""
-    directory, gguf_file = locate(target_spec)
-    if gguf_file is None:
+    path = gguf_path(target_spec)
+    if path is None:
         raise ConfigError(f"generate.answers=llama_server serves the target's GGUF, and the target {target_spec.path} "
                           f"is not one: give the target as a .gguf file (pair.target.path=<file>.gguf), start a "
                           f"server for it yourself (generate.answers=server generate.server_url=<its URL>), or use "
                           f"generate.answers=in_process")
-    return str(Path(directory, gguf_file))
+    return str(path)
 
 
 def server_api(root: str) -> str:

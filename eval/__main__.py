@@ -18,7 +18,6 @@ is the last line printed; W&B (logger=wandb, offline, by default) gets the table
 exits with one line `error: ...` (exit code 2).
 """
 
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,9 +26,8 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from decode.cli import CONFIG_PATH, register_help
+from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.config import DecodeConfig, PairConfig
-from decode.errors import SpecdraftError
 from eval.config import ReportConfig
 from eval.report import PLOTS, evaluate, format_markdown, table_rows, write_report
 from decode.tracking import LoggerConfig, Tracker, scrub_secrets
@@ -51,11 +49,8 @@ register_help("eval", __doc__)
 @hydra.main(config_path=CONFIG_PATH, config_name="eval", version_base=None)
 def main(cfg: DictConfig) -> None:
     config: EvalReportCommand = OmegaConf.to_object(cfg)
-    try:
+    with exit_on_user_error():
         report = evaluate(config.pair, config.decode, config.eval, config.seed)
-    except SpecdraftError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
     output_dir = Path(config.eval.output_dir or HydraConfig.get().runtime.output_dir)
     write_report(report, output_dir)
     with Tracker(config.logger, output_dir, scrub_secrets(OmegaConf.to_container(cfg)), f"eval-{output_dir.name}") \

@@ -13,19 +13,19 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from decode.cost_model import MAX_GAMMA, MIN_VERIFY_COST, best_gamma, expected_tokens_per_round, round_cost
 from decode.metrics import DecodeMetrics
+from decode.records import AcceptanceFigures
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy, SpeculativeDecoder
 from decode.step_costs import StepCosts
+from eval.bootstrap import BOOTSTRAP_SAMPLES, bootstrap_interval, ratio_of_rates, ratio_of_sums
 
-BOOTSTRAP_SAMPLES = 1000  # resamples behind each 95% interval
-INTERVAL_LEVEL = 0.95
-MIN_VERIFY_COST = 0.95  # v(gamma) below this: a verify of gamma + 1 tokens ran faster than one AR step
 
 
 @dataclass
@@ -59,7 +59,8 @@ def finite(value: Optional[float]) -> Optional[float]:
 
 
 def figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], gamma: int, step_costs: Optional[StepCosts],
-            min_gamma: int = 1, max_gamma: int = 8, samples: int = BOOTSTRAP_SAMPLES, seed: int = 0) -> dict:
+            min_gamma: int = 1, max_gamma: int = MAX_GAMMA, samples: int = BOOTSTRAP_SAMPLES,
+            seed: int = 0) -> AcceptanceFigures:
     """One draft on a set of batches at one gamma: summed counts first (so that figures merge), then the rates,
     the measured and predicted speedup, the recommended gamma, and `flags`: what makes the speedup untrustworthy.
 
@@ -69,36 +70,33 @@ def figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], gamma: int, step
     total = sum(spec, DecodeMetrics())
     acceptance = finite(total.token_acceptance)
     intervals = acceptance_intervals(spec, ar, samples, seed)
-    result = {
-        "prompts": total.sequences, "tokens": total.tokens, "drafted": total.drafted, "accepted": total.accepted,
-        "rejected": total.rejected, "copied": total.copied, "gamma": gamma,
-        "alpha": finite(total.alpha), "alpha_interval": intervals["alpha_interval"],
-        "token_acceptance": acceptance, "token_acceptance_interval": intervals["token_acceptance_interval"],
-        "mean_accepted_length": finite(total.mean_accepted_length),
-        "acceptance_by_position": [finite(rate) for rate in total.acceptance_by_position()],
-        "tokens_per_s": finite(total.tokens_per_s),
-        "ar_tokens_per_s": None, "speedup": None, "speedup_interval": None,
-        "c": None, "v": None, "predicted_speedup": None, "recommended_gamma": None, "flags": [],
-        "counts": asdict(total), "ar_counts": None,
-    }
+    result = AcceptanceFigures(
+        prompts=total.sequences, tokens=total.tokens, drafted=total.drafted, accepted=total.accepted,
+        rejected=total.rejected, copied=total.copied, gamma=gamma,
+        alpha=finite(total.alpha), alpha_interval=intervals["alpha_interval"],
+        token_acceptance=acceptance, token_acceptance_interval=intervals["token_acceptance_interval"],
+        mean_accepted_length=finite(total.mean_accepted_length),
+        acceptance_by_position=[finite(rate) for rate in total.acceptance_by_position()],
+        tokens_per_s=finite(total.tokens_per_s), counts=asdict(total))
     if step_costs is not None and acceptance is not None:
-        result.update(c=step_costs.c, v=step_costs.v(gamma),
-                      predicted_speedup=step_costs.predicted_speedup(acceptance, gamma),
-                      recommended_gamma=recommended_gamma(acceptance, step_costs, min_gamma, max_gamma))
+        result.c, result.v = step_costs.c, step_costs.v(gamma)
+        result.predicted_speedup = step_costs.predicted_speedup(acceptance, gamma)
+        result.recommended_gamma = recommended_gamma(acceptance, step_costs, min_gamma, max_gamma)
     if ar:
         ar_total = sum(ar, DecodeMetrics())
-        result.update(ar_tokens_per_s=finite(ar_total.tokens_per_s), ar_counts=asdict(ar_total),
-                      speedup=finite(total.tokens_per_s / ar_total.tokens_per_s),
-                      speedup_interval=intervals["speedup_interval"])
+        result.ar_tokens_per_s, result.ar_counts = finite(ar_total.tokens_per_s), asdict(ar_total)
+        result.speedup = finite(total.tokens_per_s / ar_total.tokens_per_s)
+        result.speedup_interval = intervals["speedup_interval"]
         if acceptance is not None and total.drafted and total.rounds and ar_total.rounds:
-            result.update(predicted_from_decodes(total, ar_total, acceptance, gamma))
-    if result["v"] is not None:
-        result["flags"] = baseline_flags(result)
+            result.c, result.v, result.predicted_speedup = predicted_from_decodes(total, ar_total, acceptance, gamma)
+    if result.v is not None:
+        result.flags = baseline_flags(result)
     return result
 
 
-def predicted_from_decodes(spec: DecodeMetrics, ar: DecodeMetrics, token_acceptance: float, gamma: int) -> dict:
-    """c, v and the predicted speedup as the decodes themselves ran their steps (in AR steps of the same pass):
+def predicted_from_decodes(spec: DecodeMetrics, ar: DecodeMetrics, token_acceptance: float,
+                           gamma: int) -> tuple[float, float, float]:
+    """(c, v, the predicted speedup) as the decodes themselves ran their steps (in AR steps of the same pass):
     c = the draft's time per drafted token, v = the target's verify per round, and each side's time outside the
     model steps per step (sampling, bookkeeping). The prediction counts a verify as at least one AR step (a
     verify of more tokens never costs less than one of one), so a slow AR step, which inflates the measured
@@ -107,53 +105,53 @@ def predicted_from_decodes(spec: DecodeMetrics, ar: DecodeMetrics, token_accepta
     c = spec.draft_s / spec.drafted / ar_step_s
     v = spec.verify_s / spec.rounds / ar_step_s
     drafted_per_round, spec_other = spec.drafted / spec.rounds, spec.other_s / spec.rounds / ar_step_s
-    round_cost = drafted_per_round * c + max(v, 1.0) + spec_other
-    predicted = expected_tokens_per_round(token_acceptance, gamma) * (1 + ar_other_s / ar_step_s) / round_cost
-    return {"c": c, "v": v, "predicted_speedup": predicted}
+    cost = round_cost(c, max(v, 1.0), drafted_per_round) + spec_other
+    predicted = expected_tokens_per_round(token_acceptance, gamma) * (1 + ar_other_s / ar_step_s) / cost
+    return c, v, predicted
 
 
-def prediction_bounds(result: dict) -> tuple[float, float]:
+def prediction_bounds(result: AcceptanceFigures) -> tuple[float, float]:
     """The predicted speedup at both ends of the per-token acceptance's interval (the prediction rises with the
     acceptance and is linear in the tokens a round yields); the point prediction twice without an interval."""
-    predicted, acceptance = result["predicted_speedup"], result.get("token_acceptance")
-    interval = result.get("token_acceptance_interval")
+    predicted, acceptance = result.predicted_speedup, result.token_acceptance
+    interval = result.token_acceptance_interval
     if not interval or not acceptance:
         return predicted, predicted
-    tokens = expected_tokens_per_round(acceptance, result["gamma"])
-    return tuple(predicted * expected_tokens_per_round(bound, result["gamma"]) / tokens for bound in interval)
+    tokens = expected_tokens_per_round(acceptance, result.gamma)
+    return tuple(predicted * expected_tokens_per_round(bound, result.gamma) / tokens for bound in interval)
 
 
-def baseline_flags(result: dict) -> list[str]:
+def baseline_flags(result: AcceptanceFigures) -> list[str]:
     """Why the measured speedup cannot be taken at face value: the AR step is slower than a verify of
     gamma + 1 tokens, or the measured speedup's interval lies above the prediction's (from c, v and the
     acceptance's interval: the baseline is handicapped); or below it (overhead outside the model steps)."""
     flags = []
-    gamma, v = result["gamma"], result["v"]
+    gamma, v = result.gamma, result.v
     if v < MIN_VERIFY_COST:
         flags.append(f"a verify of {gamma + 1} tokens cost {v:.2f} of one AR step: the AR baseline is slow on "
                      f"this machine, so the speedup over it is inflated")
-    interval = result["speedup_interval"]
-    if interval is None or result["predicted_speedup"] is None:
+    interval = result.speedup_interval
+    if interval is None or result.predicted_speedup is None:
         return flags
     low, high = prediction_bounds(result)
-    predicted = f"{result['predicted_speedup']:.2f}x [{low:.2f}, {high:.2f}]"
+    predicted = f"{result.predicted_speedup:.2f}x [{low:.2f}, {high:.2f}]"
     if interval[0] > high:
-        flags.append(f"the measured speedup {result['speedup']:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}] exceeds "
-                     f"the {predicted} predicted from c = {result['c']:.3f}, v({gamma}) = {v:.2f} and per-token "
-                     f"acceptance {result['token_acceptance']:.3f}: something in the AR baseline is off")
+        flags.append(f"the measured speedup {result.speedup:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}] exceeds "
+                     f"the {predicted} predicted from c = {result.c:.3f}, v({gamma}) = {v:.2f} and per-token "
+                     f"acceptance {result.token_acceptance:.3f}: something in the AR baseline is off")
     elif interval[1] < low:
-        flags.append(f"the measured speedup {result['speedup']:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}] falls "
+        flags.append(f"the measured speedup {result.speedup:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}] falls "
                      f"short of the {predicted} predicted from the step costs: time outside the model steps "
                      f"(sampling, bookkeeping) costs more per round than per AR step")
     return flags
 
 
-def baseline_is_off(result: dict) -> bool:
+def baseline_is_off(result: AcceptanceFigures) -> bool:
     """Whether the speedup over AR is inflated (not merely short of its prediction): a verify cheaper than an AR
     step, or a measured speedup whose interval lies above the prediction's."""
-    v, interval = result.get("v"), result.get("speedup_interval")
+    v, interval = result.v, result.speedup_interval
     slow_ar = v is not None and v < MIN_VERIFY_COST
-    if slow_ar or interval is None or result.get("predicted_speedup") is None:
+    if slow_ar or interval is None or result.predicted_speedup is None:
         return slow_ar
     return interval[0] > prediction_bounds(result)[1]
 
@@ -178,49 +176,14 @@ def acceptance_intervals(speculative: list[DecodeMetrics], autoregressive: list[
     return intervals
 
 
-def bootstrap_interval(columns: np.ndarray, statistic: Callable[[np.ndarray], np.ndarray], samples: int,
-                       seed: int, level: float = INTERVAL_LEVEL) -> list[float] | None:
-    """A percentile interval for statistic(column sums), the rows (batches of prompts) resampled with replacement.
-
-    columns: [rows, k] counts and seconds per row; statistic maps sums [samples, k] to values [samples].
-    None when there is nothing to resample, or no resample gives a finite value.
-    """
-    rows = columns.shape[0]
-    if samples < 1 or rows == 0:
-        return None
-    # each resample as how often it draws each row: sums are then one matrix product
-    weights = np.random.default_rng(seed).multinomial(rows, np.full(rows, 1 / rows), size=samples)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        values = statistic(weights @ columns)
-    values = values[np.isfinite(values)]
-    if not values.size:
-        return None
-    low, high = np.quantile(values, [(1 - level) / 2, (1 + level) / 2])
-    return [float(low), float(high)]
-
-
-def ratio_of_sums(sums: np.ndarray) -> np.ndarray:
-    return sums[:, 0] / sums[:, 1]
-
-
-def ratio_of_rates(sums: np.ndarray) -> np.ndarray:
-    """(tokens / seconds) / (AR tokens / AR seconds), from columns in that order."""
-    return (sums[:, 0] / sums[:, 1]) / (sums[:, 2] / sums[:, 3])
-
-
-def expected_tokens_per_round(token_acceptance: float, gamma: int) -> float:
-    """1 + a + ... + a^gamma: tokens a round yields when each drafted token is accepted with probability a."""
-    return sum(token_acceptance ** i for i in range(gamma + 1))
-
-
-def recommended_gamma(token_acceptance: float, step_costs: StepCosts, min_gamma: int = 1, max_gamma: int = 8) -> int:
-    """The gamma in [min_gamma, max_gamma] (and measured) with the most expected tokens per unit of time:
-    argmax (1 + a + ... + a^g) / (g c + v(g)), with the draft's step cost c and the verify cost v(g) measured
-    on the machine at hand (Leviathan et al. 2023, with v(g) = 1 there). An expensive draft with a modest
-    acceptance is best run with a short gamma."""
+def recommended_gamma(token_acceptance: float, step_costs: StepCosts, min_gamma: int = 1,
+                      max_gamma: int = MAX_GAMMA) -> int:
+    """The gamma in [min_gamma, max_gamma] (and measured) with the highest predicted speedup (decode/cost_model.py),
+    with the draft's step cost c and the verify cost v(g) measured on the machine at hand. An expensive draft with
+    a modest acceptance is best run with a short gamma."""
     if not 1 <= min_gamma <= max_gamma:
         raise ValueError(f"need 1 <= min_gamma <= max_gamma, got {min_gamma} and {max_gamma}")
     measured = [gamma for gamma in range(min_gamma, max_gamma + 1) if gamma in step_costs.verify_s]
     if not measured:
         raise ValueError(f"the step costs hold no verify cost for gamma {min_gamma}..{max_gamma}")
-    return max(measured, key=lambda gamma: step_costs.predicted_speedup(token_acceptance, gamma))
+    return best_gamma(token_acceptance, step_costs.c, {gamma: step_costs.v(gamma) for gamma in measured})

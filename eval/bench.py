@@ -19,7 +19,6 @@ import contextlib
 import json
 import logging
 import math
-import sys
 import tempfile
 import threading
 import time
@@ -36,10 +35,11 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from transformers import GenerationConfig
 
-from decode.cli import CONFIG_PATH, register_help
+from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.config import DecodeConfig, PairConfig
+from decode.cost_model import MAX_GAMMA, MIN_VERIFY_COST
 from decode.errors import ConfigError, SpecdraftError
-from decode.models import ModelSpec, locate
+from decode.models import ModelSpec, gguf_path
 from decode.native import NativeLlamaRunner
 from decode.pair import ModelPair, load_pair
 from decode.sampling import SamplingParams
@@ -55,7 +55,6 @@ MODES = ("ours_ar", "ours_spec", "ours_spec_dynamic", "hf_generate", "hf_assiste
 AR_MODES = ("ours_ar", "hf_generate", "llama_cpp")
 COST_REPEATS = 15  # repetitions of the step costs at each context (decode/step_costs.py): about 30 s each at 512 tokens
 WARM_UP_TOKENS = 8
-SLOW_AR_V = 0.95  # a verify of gamma + 1 tokens below this share of one AR step means the AR step is slow
 
 
 @dataclass
@@ -69,7 +68,7 @@ class BenchConfig:
     modes: List[str] = field(default_factory=lambda: list(MODES))
     cost_context: int = 512  # context of v(gamma) and of the long-context c
     short_context: int = 32  # c is measured here too
-    max_cost_gamma: int = 8  # v(gamma) for gamma 1..this
+    max_cost_gamma: int = MAX_GAMMA  # v(gamma) for gamma 1..this
 
 
 ConfigStore.instance().store(name="bench_schema", node=BenchConfig)
@@ -137,16 +136,16 @@ def llama_cpp_generate(server: LlamaServer, prompt: list[int], sampling: Samplin
 def llama_cpp_unavailable(target: ModelSpec) -> tuple[str | None, str | None]:
     """-> (the target's GGUF path, None), or (None, why llama.cpp cannot serve it here)."""
     try:
-        directory, gguf_file = locate(target)
+        path = gguf_path(target)
     except SpecdraftError as error:
         return None, str(error)
-    if gguf_file is None:
+    if path is None:
         return None, f"the target {target.path} is not a GGUF file"
     try:
         find_binary()
     except ServerError as error:
         return None, str(error)
-    return str(Path(directory, gguf_file)), None
+    return str(path), None
 
 
 def step_costs(cfg: BenchConfig, decoder, sampling: SamplingParams) -> dict:
@@ -154,7 +153,7 @@ def step_costs(cfg: BenchConfig, decoder, sampling: SamplingParams) -> dict:
     of the first temperature benchmarked, and the route each runner took."""
     contexts = [cfg.short_context, cfg.cost_context]
     costs = {str(context): measure_step_costs(decoder, sampling, context, cfg.max_cost_gamma,
-                                              COST_REPEATS).to_dict() for context in contexts}
+                                              COST_REPEATS).figures().to_json() for context in contexts}
     runners = (("target", decoder.target), ("draft", decoder.draft))
     return {"cost_context": cfg.cost_context, "step_costs": costs,
             "skinny_route": {name: runner.skinny_route.summary() if isinstance(runner, NativeLlamaRunner) else None
@@ -303,7 +302,7 @@ def _cell(row: dict, key: str, spec: str) -> str:
 
 
 def slow_ar_gammas(v: dict[str, float]) -> list[int]:
-    return [int(gamma) for gamma, value in v.items() if value < SLOW_AR_V]
+    return [int(gamma) for gamma, value in v.items() if value < MIN_VERIFY_COST]
 
 
 def format_costs(report: dict) -> str:
@@ -324,8 +323,8 @@ def format_costs(report: dict) -> str:
         if slow:
             noisy = [gamma for gamma in slow if c.get("v_spread", {}).get(str(gamma), (0, 0))[1] >= 1]
             lines.append(f"WARNING: at {context} tokens a verify of gamma + 1 tokens cost less than "
-                         f"{SLOW_AR_V:.0%} of one AR step for gamma {', '.join(map(str, slow))}: the AR path is slow "
-                         f"on this machine (route its 1-token forward), and speedups over it are inflated" +
+                         f"{MIN_VERIFY_COST:.0%} of one AR step for gamma {', '.join(map(str, slow))}: the AR path "
+                         f"is slow on this machine (route its 1-token forward), and speedups over it are inflated" +
                          (f"; for gamma {', '.join(map(str, noisy))} the interquartile range reaches 1, so other work "
                           f"on the machine may be what this measured: rerun on a quiet machine" if noisy else ""))
     lines += [f"matmul route, {name}: {described}" for name, described in report["route"].items()]
@@ -381,14 +380,11 @@ register_help("bench", __doc__)
 def main(cfg: DictConfig) -> None:
     config: BenchConfig = OmegaConf.to_object(cfg)
     output_dir = Path(HydraConfig.get().runtime.output_dir)
-    try:
+    with exit_on_user_error():
         pair = load_pair(config.pair.target, config.pair.draft, config.pair.check_chat_template)
         texts = [prompt.text for domain in config.domains
                  for prompt in load_prompts(domain, "heldout")[: config.prompts_per_domain]]
         report = run_benchmark(config, pair, pair.encode_chat(texts), log_dir=output_dir)
-    except SpecdraftError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
     print(format_table(report))
     path = output_dir / "bench.json"
     path.write_text(json.dumps(report, indent=2))

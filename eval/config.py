@@ -3,6 +3,8 @@
 from dataclasses import dataclass, field
 from typing import List, Optional
 
+from eval.bootstrap import BOOTSTRAP_SAMPLES
+
 
 @dataclass
 class EvalConfig:
@@ -28,7 +30,7 @@ class ReportConfig:
     max_new_tokens: int = 64
     batch_size: int = 1  # the speedup's interval resamples batches: prompts at batch size 1
     compare_ar: bool = True  # also decode each batch autoregressively, for the speedup
-    bootstrap_samples: int = 1000  # resamples behind each 95% interval (0: no intervals)
+    bootstrap_samples: int = BOOTSTRAP_SAMPLES  # resamples behind each 95% interval (0: no intervals)
     step_costs: bool = True  # time each draft's step costs (c, v): the predicted speedup, the recommended gamma
     # the other AR engines measured on each domain's first baseline_prompts prompts: hf_generate, llama_cpp
     # (llama-server serving the target alone, when installed and the target is a GGUF); []: ours only

@@ -25,6 +25,7 @@ from decode.files import published, write_json, write_text
 from decode.metrics import DecodeMetrics
 from decode.models import ModelSpec
 from decode.pair import ModelPair, check_pair, load_draft, load_pair
+from decode.records import AcceptanceFigures
 from distill.data import load_domain_prompts, read_prompts_by_domain, shipped_domains
 from decode.step_costs import StepCosts, measure_step_costs
 from distill.domains import domain_config
@@ -136,7 +137,8 @@ def decode_domain(pair: ModelPair, drafts: list[Draft], prompt_ids: list[list[in
                           settings.batch_size, seed, settings.compare_ar, description=f"eval {domain}")
 
 
-def draft_figures(spec, ar, decode: DecodeConfig, step_costs: StepCosts | None, samples: int, seed: int) -> dict:
+def draft_figures(spec, ar, decode: DecodeConfig, step_costs: StepCosts | None, samples: int,
+                  seed: int) -> AcceptanceFigures:
     return figures(spec, ar, decode.gamma_policy().gamma, step_costs, decode.min_gamma, decode.max_gamma, samples,
                    seed)
 
@@ -148,9 +150,9 @@ def parameter_count(model: torch.nn.Module) -> int:
 def winner(figures_by_draft: dict[str, dict]) -> str:
     """The draft with the highest speedup; alpha breaks ties, and decides alone when AR was not decoded."""
     def rank(label: str) -> tuple[float, float, float]:
-        figures = figures_by_draft[label]
+        figures = AcceptanceFigures.from_json(figures_by_draft[label])
         trusted = 0.0 if baseline_is_off(figures) else 1.0  # a speedup the step costs cannot explain ranks last
-        return (trusted, *(-math.inf if figures[key] is None else figures[key] for key in ("speedup", "alpha")))
+        return (trusted, *(-math.inf if value is None else value for value in (figures.speedup, figures.alpha)))
 
     return max(figures_by_draft, key=rank)
 
@@ -164,8 +166,9 @@ def advice(drafts: dict[str, dict]) -> list[str]:
             lines.append(f"{prefix}the draft has {draft['parameter_share']:.0%} of the target's parameters "
                          f"(more than {LARGE_DRAFT_SHARE:.0%}): speculation may not pay")
         for domain, figures in draft["domains"].items():
-            alpha, speedup = figures["alpha"], figures["speedup"]
-            for flag in figures["flags"]:
+            figures = AcceptanceFigures.from_json(figures)
+            alpha, speedup = figures.alpha, figures.speedup
+            for flag in figures.flags:
                 lines.append(f"{prefix}{domain}: {flag}" + ("; not recommended" if baseline_is_off(figures) else ""))
             if alpha is not None and alpha < LOW_ALPHA:
                 lines.append(f"{prefix}{domain}: alpha {alpha:.2f} < {LOW_ALPHA}: check the tokenizer, the chat "
@@ -173,7 +176,7 @@ def advice(drafts: dict[str, dict]) -> list[str]:
             elif alpha is not None and alpha >= HIGH_ALPHA and speedup is not None and speedup < 1:
                 lines.append(f"{prefix}{domain}: alpha {alpha:.2f} but speedup {speedup:.2f}x: the draft is too "
                              f"large for this target, or gamma too large: use the recommended gamma "
-                             f"({figures['recommended_gamma']})")
+                             f"({figures.recommended_gamma})")
     return lines
 
 
@@ -188,7 +191,7 @@ def build_report(pair_config: PairConfig, decode: DecodeConfig, settings: Report
     step_costs, baselines = step_costs or {}, baselines or {}
 
     def figures_of(label: str, spec: list[DecodeMetrics], ar: list[DecodeMetrics], domain: str | None) -> dict:
-        result = draft_figures(spec, ar, decode, step_costs.get(label), settings.bootstrap_samples, seed)
+        result = draft_figures(spec, ar, decode, step_costs.get(label), settings.bootstrap_samples, seed).to_json()
         measured = baselines.get(domain) if domain else None
         if measured and result["speedup"] is not None:
             result["ar_baselines"] = measured
@@ -201,7 +204,7 @@ def build_report(pair_config: PairConfig, decode: DecodeConfig, settings: Report
         parameters = parameter_count(draft.model)
         by_draft[draft.label] = {
             "parameters": parameters, "parameter_share": parameters / target_parameters,
-            "step_costs": step_costs[draft.label].to_dict() if step_costs.get(draft.label) else None,
+            "step_costs": step_costs[draft.label].figures().to_json() if step_costs.get(draft.label) else None,
             "domains": {name: figures_of(draft.label, domain.by_draft[draft.label], domain.ar, name)
                         for name, domain in decodes.items()},
             "overall": figures_of(draft.label, [m for domain in decodes.values() for m in domain.by_draft[draft.label]],

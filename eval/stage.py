@@ -21,6 +21,7 @@ from dataclasses import asdict, replace
 from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.files import write_json
+from decode.records import AcceptanceFigures
 from decode.results import EvalResult
 from decode.step_costs import measure_step_costs
 from eval.acceptance import baseline_is_off, decode_batches, figures
@@ -48,13 +49,14 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     # the untrained draft only changes with the prompts and settings: measured once per run directory
     key = eval_key(prompt_ids, decode, settings, ctx.seed)
     before_file = ctx.run_dir / "eval_before.json"
-    before = json.loads(before_file.read_text()) if before_file.is_file() else {}
-    if before.get("key") != key:
+    saved = json.loads(before_file.read_text()) if before_file.is_file() else {}
+    if saved.get("key") == key:
+        before = AcceptanceFigures.from_json(saved)
+    else:
         before_prompt_ids = prompt_ids[: settings.untrained_prompts]
-        before = {**measure(ctx.pair.decoder(), "untrained draft", before_prompt_ids, settings.batch_size, False,
-                            policy), "key": key}
+        before = measure(ctx.pair.decoder(), "untrained draft", before_prompt_ids, settings.batch_size, False, policy)
         if ctx.is_main_process:
-            write_json(before_file, before)
+            write_json(before_file, {**before.to_json(), "key": key})
     decoder = ctx.pair.decoder(ctx.load_trained_draft())
     # the step costs at a typical context of the eval: a prompt and half its answer
     context = int(statistics.median(len(ids) for ids in prompt_ids)) + settings.max_new_tokens // 2
@@ -65,12 +67,11 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     alone = measure(decoder, "trained draft without context copies", prompt_ids, settings.batch_size, False,
                     replace(policy, copy_ngram=0), costs) if policy.copy_ngram else None
     result = EvalResult(draft_fingerprint=draft_fingerprint, prompts=len(prompt_ids), gamma=policy.gamma,
-                        before={k: v for k, v in before.items() if k != "key"}, after=after,
-                        step_costs=costs.to_dict(), recommended_gamma=after["recommended_gamma"], speed=None,
-                        draft_alone=alone)
-    ctx.tracker.log({"eval/alpha_before": before["alpha"], "eval/alpha_after": after["alpha"],
-                     "eval/token_acceptance_after": after["token_acceptance"],
-                     **({"eval/token_acceptance_draft_alone": alone["token_acceptance"]} if alone else {})}, step=0)
+                        before=before, after=after, step_costs=costs.figures(),
+                        recommended_gamma=after.recommended_gamma, speed=None, draft_alone=alone)
+    ctx.tracker.log({"eval/alpha_before": before.alpha, "eval/alpha_after": after.alpha,
+                     "eval/token_acceptance_after": after.token_acceptance,
+                     **({"eval/token_acceptance_draft_alone": alone.token_acceptance} if alone else {})}, step=0)
     if not speed_prompt_ids or result.recommended_gamma is None:
         return result
     use_recommended = settings.at_recommended_gamma
@@ -79,16 +80,16 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     result.speed = measure(decoder, f"trained draft at gamma {speed_policy.gamma}, one request at a time",
                            speed_prompt_ids, 1, settings.compare_ar, speed_policy, costs)
     result.verdict = verdict(result.speed)
-    ctx.tracker.log({"eval/recommended_gamma": result.recommended_gamma, "eval/speed_alpha": result.speed["alpha"],
-                     "eval/speedup": result.speed["speedup"] or float("nan")}, step=0)
+    ctx.tracker.log({"eval/recommended_gamma": result.recommended_gamma, "eval/speed_alpha": result.speed.alpha,
+                     "eval/speedup": result.speed.speedup or float("nan")}, step=0)
     return result
 
 
-def verdict(speed: dict) -> str | None:
+def verdict(speed: AcceptanceFigures) -> str | None:
     """None when the draft pays at its gamma as measured; else the sentence a user acts on."""
     if baseline_is_off(speed):
-        return "the measured speedup cannot be trusted: " + "; ".join(speed["flags"])
-    if speed["speedup"] is not None and speed["speedup"] < 1.0:
-        return (f"speculative decoding with this draft measured {speed['speedup']:.2f}x autoregressive at gamma "
-                f"{speed['gamma']}: serve the target without this draft")
+        return "the measured speedup cannot be trusted: " + "; ".join(speed.flags)
+    if speed.speedup is not None and speed.speedup < 1.0:
+        return (f"speculative decoding with this draft measured {speed.speedup:.2f}x autoregressive at gamma "
+                f"{speed.gamma}: serve the target without this draft")
     return None

@@ -3,6 +3,8 @@ import os
 import pytest
 import torch
 
+from decode.models import ModelSpec
+from decode.pair import load_pair
 from decode.serving.llama_server import ServerError, find_binary
 from decode.tiny import tiny_llama, tiny_tokenizer
 
@@ -35,6 +37,13 @@ def target64(tokenizer):
 def draft64(tokenizer):
     """An unrelated random draft: it disagrees with the target often, so rejections are exercised."""
     return tiny_llama(len(tokenizer), num_layers=1, seed=2, init_std=0.1, dtype=torch.float64)
+
+
+@pytest.fixture(scope="module")
+def tiny_pair():
+    """The tiny random target and a draft of its first layer, in float32 on the CPU; one per test module."""
+    return load_pair(ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
+                     ModelSpec(derive_layers=1, dtype="float32", device="cpu"))
 
 
 @pytest.fixture(scope="session")

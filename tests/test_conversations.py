@@ -10,8 +10,7 @@ import datasets
 import pytest
 
 from decode.errors import PromptError
-from decode.models import ModelSpec
-from decode.pair import encode_chat, load_pair
+from decode.pair import encode_chat
 from decode.sampling import SamplingParams
 from distill.config import DomainConfig
 from distill.conversations import chat_ids, chat_prompt_ids, context_messages, read_conversations
@@ -140,11 +139,6 @@ def test_the_answers_depend_on_every_turn_of_a_conversation():
     plain = Prompt("p", "hello", "train")
     assert cache_key("t", "d", [plain], SamplingParams(), 8, 0, None, 4) == \
         cache_key("t", "d", [Prompt("p", "hello", "train", ())], SamplingParams(), 8, 0, None, 4)
-
-
-@pytest.fixture(scope="module")
-def tiny_pair():
-    return load_pair(ModelSpec(path="tiny-random"), ModelSpec(derive_layers=1))
 
 
 def occurrences(ids: list[int], part: list[int]) -> list[range]:

@@ -175,5 +175,5 @@ def test_llama_server_serves_the_heads_gguf_and_drafts(tmp_path, target, head, t
     assert arguments[arguments.index("--spec-type") + 1] == "draft-eagle3"
     prompts = [encode_chat(tokenizer, f"write a function number {i} that adds two numbers") for i in range(2)]
     engine = eagle3_engine_check(spec, prompts, 12, tmp_path / "engine.log")
-    assert engine["prompts"] == 2 and engine["drafted"] > 0 and 0 <= engine["accepted"] <= engine["drafted"]
+    assert engine.prompts == 2 and engine.drafted > 0 and 0 <= engine.accepted <= engine.drafted
     assert "draft-eagle3" in (tmp_path / "engine.log").read_text()

@@ -21,7 +21,9 @@ from decode.pair import load_pair
 from decode.tiny import tiny_llama, tiny_tokenizer
 from eval.config import ReportConfig
 from decode.step_costs import StepCosts
-from eval.acceptance import Decodes, bootstrap_interval, ratio_of_sums
+from decode.records import AcceptanceFigures
+from eval.acceptance import Decodes
+from eval.bootstrap import bootstrap_interval, ratio_of_sums
 from eval.report import (ALL_DOMAINS, TABLE_COLUMNS, Draft, build_report, draft_figures, evaluate, format_markdown,
                          load_drafts, table_rows, winner, winner_lines)
 
@@ -86,8 +88,8 @@ def test_bootstrap_interval_is_seeded_and_absent_without_resamples():
 
 def test_alpha_is_the_ratio_of_summed_counts_not_a_mean_of_ratios():
     figures = draft_figures([metrics(1, 2), metrics(1, 18)], [], DECODE, None, samples=100, seed=0)
-    assert figures["alpha"] == pytest.approx(2 / 20)  # a mean of the two ratios would be 0.53
-    assert figures["drafted"] == 20 and figures["accepted"] == 2 and figures["prompts"] == 2
+    assert figures.alpha == pytest.approx(2 / 20)  # a mean of the two ratios would be 0.53
+    assert figures.drafted == 20 and figures.accepted == 2 and figures.prompts == 2
 
 
 def test_pooled_figures_are_the_summed_domains_with_the_shared_ar_baseline():
@@ -103,11 +105,14 @@ def test_pooled_figures_are_the_summed_domains_with_the_shared_ar_baseline():
 
 
 def test_the_winner_has_the_highest_speedup_and_ties_go_to_alpha():
-    figures = {"small": {"speedup": 1.4, "alpha": 0.5}, "large": {"speedup": 1.1, "alpha": 0.9}}
-    assert winner(figures) == "small"
-    figures["large"]["speedup"] = 1.4
-    assert winner(figures) == "large"
-    assert winner({"a": {"speedup": None, "alpha": 0.3}, "b": {"speedup": None, "alpha": 0.6}}) == "b"
+    def figures(speedup, alpha):
+        return AcceptanceFigures(gamma=3, speedup=speedup, alpha=alpha).to_json()
+
+    by_draft = {"small": figures(1.4, 0.5), "large": figures(1.1, 0.9)}
+    assert winner(by_draft) == "small"
+    by_draft["large"]["speedup"] = 1.4
+    assert winner(by_draft) == "large"
+    assert winner({"a": figures(None, 0.3), "b": figures(None, 0.6)}) == "b"
 
 
 def test_the_winner_lines_say_speedup_only_where_ar_was_decoded():

@@ -1,7 +1,7 @@
 """The eval stage on the tiny pair: what it reuses, what it never lets survive from an earlier run."""
 
 import json
-from dataclasses import asdict
+from dataclasses import replace
 
 import pytest
 from accelerate import Accelerator
@@ -13,6 +13,7 @@ from decode.context import RunContext
 from decode.metrics import DecodeMetrics
 from decode.models import ModelSpec
 from decode.pair import load_pair
+from decode.records import AcceptanceFigures
 from eval.config import EvalConfig
 from eval.stage import run_eval
 from decode.tracking import LoggerConfig, Tracker
@@ -76,15 +77,16 @@ def test_speed_is_measured_at_the_gamma_the_step_costs_and_acceptance_recommend(
     monkeypatch.setattr(eval.acceptance, "recommended_gamma", recommend)
     result = run_eval(ctx, SETTINGS, DECODE, prompts, "draft")
     # chosen from the acceptance on every eval prompt and the draft's timed step cost
-    assert chosen[0] == (result.after["token_acceptance"], result.step_costs["c"])
-    assert result.recommended_gamma == result.speed["gamma"] == 5
-    assert len(result.speed["counts"]["drafted_per_position"]) == 5
-    assert result.speed["ar_tokens_per_s"] > 0  # AR decoded in the same pass
-    assert result.speed["speedup"] == pytest.approx(result.speed["tokens_per_s"] / result.speed["ar_tokens_per_s"])
+    assert chosen[0] == (result.after.token_acceptance, result.step_costs.c)
+    assert result.recommended_gamma == result.speed.gamma == 5
+    assert len(result.speed.counts["drafted_per_position"]) == 5
+    assert result.speed.ar_tokens_per_s > 0  # AR decoded in the same pass
+    assert result.speed.speedup == pytest.approx(result.speed.tokens_per_s / result.speed.ar_tokens_per_s)
     # the prediction at that gamma from the steps as the speed pass ran them, beside AR
-    assert result.speed["predicted_speedup"] == pytest.approx(eval.acceptance.predicted_from_decodes(
-        DecodeMetrics(**result.speed["counts"]), DecodeMetrics(**result.speed["ar_counts"]),
-        result.speed["token_acceptance"], 5)["predicted_speedup"])
+    _, _, predicted = eval.acceptance.predicted_from_decodes(DecodeMetrics(**result.speed.counts),
+                                                             DecodeMetrics(**result.speed.ar_counts),
+                                                             result.speed.token_acceptance, 5)
+    assert result.speed.predicted_speedup == pytest.approx(predicted)
 
 
 def test_the_prediction_counts_a_verify_as_at_least_one_ar_step():
@@ -97,19 +99,19 @@ def test_the_prediction_counts_a_verify_as_at_least_one_ar_step():
         ar = DecodeMetrics(rounds=100, verify_s=100 * ar_step_s, total_s=100 * ar_step_s)
         return spec, ar
 
-    fair = predicted_from_decodes(*decodes(ar_step_s=0.05, verify_s=0.06), token_acceptance=0.5, gamma=3)
-    assert fair["c"] == pytest.approx(0.2) and fair["v"] == pytest.approx(1.2)
-    assert fair["predicted_speedup"] == pytest.approx(1.875 / (3 * 0.2 + 1.2))
-    slow_ar = predicted_from_decodes(*decodes(ar_step_s=0.05, verify_s=0.035), token_acceptance=0.5, gamma=3)
-    assert slow_ar["v"] == pytest.approx(0.7) and slow_ar["predicted_speedup"] == pytest.approx(1.875 / (0.6 + 1.0))
+    c, v, predicted = predicted_from_decodes(*decodes(ar_step_s=0.05, verify_s=0.06), token_acceptance=0.5, gamma=3)
+    assert c == pytest.approx(0.2) and v == pytest.approx(1.2)
+    assert predicted == pytest.approx(1.875 / (3 * 0.2 + 1.2))
+    _, v, predicted = predicted_from_decodes(*decodes(ar_step_s=0.05, verify_s=0.035), token_acceptance=0.5, gamma=3)
+    assert v == pytest.approx(0.7) and predicted == pytest.approx(1.875 / (0.6 + 1.0))
 
 
 def test_without_the_recommended_gamma_speed_is_measured_at_the_configured_one(ctx, pair):
     prompts = pair.encode_chat(["first prompt", "second prompt"])
     settings = EvalConfig(max_prompts=2, max_new_tokens=6, batch_size=2, compare_ar=True, at_recommended_gamma=False)
     result = run_eval(ctx, settings, DECODE, prompts, "draft")
-    assert result.speed["gamma"] == DECODE.gamma
-    assert len(result.speed["counts"]["drafted_per_position"]) == DECODE.gamma
+    assert result.speed.gamma == DECODE.gamma
+    assert len(result.speed.counts["drafted_per_position"]) == DECODE.gamma
     assert 1 <= result.recommended_gamma <= 8
 
 
@@ -123,10 +125,10 @@ def test_the_trained_drafts_figures_come_with_intervals_that_hold_them(ctx, pair
     prompts = pair.encode_chat(["first prompt", "second prompt", "a third one", "and a fourth"])
     settings = EvalConfig(max_prompts=4, max_new_tokens=6, batch_size=1, compare_ar=True)
     result = run_eval(ctx, settings, DecodeConfig(temperature=0.7, gamma=3), prompts, "draft")
-    low, high = result.after["alpha_interval"]
-    assert low <= result.after["alpha"] <= high
-    low, high = result.speed["speedup_interval"]
-    assert low <= result.speed["speedup"] <= high and low > 0
+    low, high = result.after.alpha_interval
+    assert low <= result.after.alpha <= high
+    low, high = result.speed.speedup_interval
+    assert low <= result.speed.speedup <= high and low > 0
 
 
 def test_acceptance_is_measured_on_every_prompt_and_speed_on_the_first_one_at_a_time(ctx, pair):
@@ -134,38 +136,38 @@ def test_acceptance_is_measured_on_every_prompt_and_speed_on_the_first_one_at_a_
     settings = EvalConfig(max_prompts=6, max_new_tokens=6, batch_size=3, speed_prompts=2, compare_ar=True)
     result = run_eval(ctx, settings, DecodeConfig(temperature=0.7, gamma=3), prompts, "draft")
     after = result.after
-    assert result.prompts == 6 and result.speed["prompts"] == 2
-    assert after["counts"]["sequences"] == 6 and after["counts"]["calls"] == 2  # two batches of three
-    assert result.speed["counts"]["sequences"] == 2 == result.speed["counts"]["calls"]
+    assert result.prompts == 6 and result.speed.prompts == 2
+    assert after.counts["sequences"] == 6 and after.counts["calls"] == 2  # two batches of three
+    assert result.speed.counts["sequences"] == 2 == result.speed.counts["calls"]
     # the intervals resample prompts, not batches: one row of counts per prompt, adding up to the totals
-    rows = after["counts"]["row_counts"]
+    rows = after.counts["row_counts"]
     assert len(rows) == 6
-    assert [sum(column) for column in zip(*rows)] == [after["counts"][key] for key in ("drafted", "accepted", "rejected")]
-    for key in ("alpha", "token_acceptance"):
-        low, high = after[f"{key}_interval"]
-        assert low <= after[key] <= high
+    assert [sum(column) for column in zip(*rows)] == [after.counts[key] for key in ("drafted", "accepted", "rejected")]
+    for value, (low, high) in ((after.alpha, after.alpha_interval),
+                               (after.token_acceptance, after.token_acceptance_interval)):
+        assert low <= value <= high
 
 
 def test_a_speedup_its_step_costs_cannot_explain_is_flagged_not_recommended():
     from eval.acceptance import baseline_flags, baseline_is_off
     from eval.stage import verdict
 
-    fair = {"gamma": 3, "v": 1.05, "c": 0.1, "token_acceptance": 0.4, "speedup": 1.1, "speedup_interval": [1.0, 1.2],
-            "predicted_speedup": 1.1}
+    fair = AcceptanceFigures(gamma=3, v=1.05, c=0.1, token_acceptance=0.4, speedup=1.1, speedup_interval=[1.0, 1.2],
+                             predicted_speedup=1.1)
     assert baseline_flags(fair) == []
-    slow_ar = {**fair, "v": 0.7}
-    inflated = {**fair, "speedup": 1.5, "speedup_interval": [1.4, 1.6]}
+    slow_ar = replace(fair, v=0.7)
+    inflated = replace(fair, speedup=1.5, speedup_interval=[1.4, 1.6])
     for result in (slow_ar, inflated):
-        result["flags"] = baseline_flags(result)
+        result.flags = baseline_flags(result)
         assert baseline_is_off(result) and verdict(result).startswith("the measured speedup cannot be trusted")
-    short = {**fair, "speedup": 0.8, "speedup_interval": [0.7, 0.9]}
-    short["flags"] = baseline_flags(short)
-    assert short["flags"] and not baseline_is_off(short)
+    short = replace(fair, speedup=0.8, speedup_interval=[0.7, 0.9])
+    short.flags = baseline_flags(short)
+    assert short.flags and not baseline_is_off(short)
     assert "serve the target without this draft" in verdict(short)
     # the prediction has an interval too, from the acceptance's: a speedup inside it is not flagged
-    uncertain = {**inflated, "token_acceptance_interval": [0.2, 0.9]}
+    uncertain = replace(inflated, token_acceptance_interval=[0.2, 0.9])
     assert baseline_flags(uncertain) == [] and not baseline_is_off(uncertain)
-    assert baseline_is_off({**inflated, "token_acceptance_interval": [0.35, 0.45]})
+    assert baseline_is_off(replace(inflated, token_acceptance_interval=[0.35, 0.45]))
 
 
 def test_intervals_over_prompts_see_the_spread_inside_a_batch():
@@ -187,8 +189,8 @@ def test_the_untrained_draft_is_measured_on_the_first_untrained_prompts(ctx, pai
     result = run_eval(ctx, settings, DECODE, prompts, "draft")
     assert [ids for description, ids in measured if "untrained" in description] == [prompts[:1]]
     assert [ids for description, ids in measured if description == "eval trained draft"] == [prompts]
-    assert (result.before["prompts"], result.after["prompts"], result.prompts) == (1, 3, 3)
-    summary = format_summary({"domain": "code", "method": "distill", "eval": asdict(result)}, ctx.run_dir)
+    assert (result.before.prompts, result.after.prompts, result.prompts) == (1, 3, 3)
+    summary = format_summary({"domain": "code", "method": "distill", "eval": result.to_json()}, ctx.run_dir)
     assert "held-out acceptance, 3 prompts (the untrained draft on the first 1), gamma 3" in summary
 
 
@@ -196,10 +198,10 @@ def test_context_copies_reach_every_pass_the_speed_pass_at_the_recommended_gamma
     monkeypatch.setattr(eval.acceptance, "recommended_gamma", lambda *args: 4)
     prompts = pair.encode_chat(["first prompt, first prompt", "second prompt, second prompt"])
     result = run_eval(ctx, SETTINGS, DecodeConfig(temperature=0.0, gamma=3, min_gamma=1, copy_ngram=1), prompts, "d")
-    assert result.speed["gamma"] == 4
+    assert result.speed.gamma == 4
     for figures in (result.before, result.after, result.speed):
-        assert 0 < figures["copied"] <= figures["drafted"]
-    assert run_eval(ctx, SETTINGS, DECODE, prompts, "draft").speed["copied"] == 0
+        assert 0 < figures.copied <= figures.drafted
+    assert run_eval(ctx, SETTINGS, DECODE, prompts, "draft").speed.copied == 0
 
 
 def test_with_context_copies_the_draft_is_measured_alone_too_and_that_is_what_engines_are_told(ctx, pair, measured):
@@ -207,15 +209,15 @@ def test_with_context_copies_the_draft_is_measured_alone_too_and_that_is_what_en
     copying = DecodeConfig(temperature=0.0, gamma=3, min_gamma=1, copy_ngram=1)
     result = run_eval(ctx, SETTINGS, copying, prompts, "d")
     assert [ids for description, ids in measured if "without context copies" in description] == [prompts]
-    assert result.after["copied"] > 0 and result.draft_alone["copied"] == 0
-    assert result.draft_alone["drafted"] > 0
-    assert result.engine_token_acceptance == result.draft_alone["token_acceptance"]
-    summary = format_summary({"domain": "summarization", "method": "distill", "eval": asdict(result)}, ctx.run_dir)
+    assert result.after.copied > 0 and result.draft_alone.copied == 0
+    assert result.draft_alone.drafted > 0
+    assert result.engine_token_acceptance == result.draft_alone.token_acceptance
+    summary = format_summary({"domain": "summarization", "method": "distill", "eval": result.to_json()}, ctx.run_dir)
     alone = result.draft_alone
-    assert (f"the draft alone, as vLLM, SGLang and llama.cpp serve it: per-token {alone['token_acceptance']:.3f}"
+    assert (f"the draft alone, as vLLM, SGLang and llama.cpp serve it: per-token {alone.token_acceptance:.3f}"
             in summary)
 
     plain = run_eval(ctx, SETTINGS, DECODE, prompts, "draft")
-    assert plain.draft_alone is None and plain.engine_token_acceptance == plain.after["token_acceptance"]
-    assert "the draft alone" not in format_summary({"domain": "code", "method": "distill", "eval": asdict(plain)},
+    assert plain.draft_alone is None and plain.engine_token_acceptance == plain.after.token_acceptance
+    assert "the draft alone" not in format_summary({"domain": "code", "method": "distill", "eval": plain.to_json()},
                                                    ctx.run_dir)

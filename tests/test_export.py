@@ -2,6 +2,7 @@
 
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,8 @@ import torch
 
 from decode.errors import ExportError
 from decode.files import published
+from decode.records import AcceptanceFigures
+from decode.results import EvalResult
 from decode.export.engines import ServingTarget, write_serving_files
 from decode.kinds.independent.export import serving_flags
 from decode.export.formats import check_tokenizer, serving_copy
@@ -194,18 +197,16 @@ def test_a_draft_measured_slower_than_the_target_alone_is_flagged_everywhere(tmp
     from eval.stage import verdict
     from train.pipeline import format_summary
 
-    speed = {"gamma": 2, "v": 1.02, "c": 0.2, "token_acceptance": 0.3, "speedup": 0.6, "speedup_interval": [0.55, 0.65],
-             "predicted_speedup": 0.62, "prompts": 2, "tokens_per_s": 6.0, "ar_tokens_per_s": 10.0}
-    speed["flags"] = baseline_flags(speed)
+    speed = AcceptanceFigures(gamma=2, v=1.02, c=0.2, token_acceptance=0.3, speedup=0.6, speedup_interval=[0.55, 0.65],
+                              predicted_speedup=0.62, prompts=2, tokens_per_s=6.0, ar_tokens_per_s=10.0)
+    speed.flags = baseline_flags(speed)
     warning = verdict(speed)
     assert "0.60x" in warning and "serve the target without this draft" in warning
-    assert verdict({**speed, "speedup": 1.3, "speedup_interval": [1.2, 1.4], "predicted_speedup": 1.3,
-                    "flags": []}) is None
-    figures = {"token_acceptance": 0.3, "token_acceptance_interval": None, "alpha": 0.2, "alpha_interval": None,
-               "mean_accepted_length": 1.3}
-    summary = {"domain": "code", "method": "distill", "stage_seconds": {},
-               "eval": {"prompts": 2, "gamma": 3, "before": figures, "after": figures, "step_costs": None,
-                        "recommended_gamma": 2, "speed": speed, "verdict": warning}}
+    assert verdict(replace(speed, speedup=1.3, speedup_interval=[1.2, 1.4], predicted_speedup=1.3, flags=[])) is None
+    figures = AcceptanceFigures(prompts=2, gamma=3, token_acceptance=0.3, alpha=0.2, mean_accepted_length=1.3)
+    evaluated = EvalResult(draft_fingerprint="draft", prompts=2, gamma=3, before=figures, after=figures,
+                           step_costs=None, recommended_gamma=2, speed=speed, verdict=warning)
+    summary = {"domain": "code", "method": "distill", "stage_seconds": {}, "eval": evaluated.to_json()}
     assert f"NOT RECOMMENDED: {warning}" in format_summary(summary, tmp_path)
     flags = serving_flags(ServingTarget("org/target", str(tmp_path / "t.gguf")), tmp_path / "d", tmp_path / "d.gguf", 2)
     write_serving_files(tmp_path / "serving", flags, warning)

@@ -23,7 +23,8 @@ from decode.files import point_symlink
 from eval.monitor import jobs, watch
 from eval.monitor.config import MetricsSource, MonitorConfig, PromotionConfig
 from eval.monitor.drift import HEALTHY, LOW, NO_DATA, iso_minute, spread
-from eval.monitor.estimates import acceptance_from_alpha, alpha_at, break_even_acceptance, estimated_tests
+from decode.cost_model import break_even_acceptance
+from eval.monitor.estimates import acceptance_from_alpha, alpha_at, estimated_tests
 from eval.monitor.sources import (COUNTER_GAP, FAILED_SCRAPE, MALFORMED_LINE, MALFORMED_SCRAPE, parse_exposition,
                                   parse_request)
 from eval.monitor.watch import (EXIT_DRIFT, EXIT_ERROR, EXIT_HEALTHY, LOCK_FILE, RETRAIN_STATUS, STATE_FILE, run,

@@ -9,7 +9,7 @@ from decode.models import make_runner
 from decode.sampling import SamplingParams
 from distill.generate import answer_prompts, score_answers
 from distill.on_policy import OnPolicySampler
-from test_train_pipeline import make_recipe, tiny_examples, tiny_pair  # noqa: F401,F811 (fixtures)
+from test_train_pipeline import make_recipe, tiny_examples  # noqa: F401,F811 (fixtures)
 
 PROMPTS = ["hi", "write code", "add 2 and 3", "translate: chat", "a b c", "why?", "sort a list", "sum 1..n"]
 

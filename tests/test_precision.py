@@ -12,7 +12,7 @@ from decode.precision import FLOAT32, Precision, bf16_speedup, choose_precision,
 from decode.sampling import SamplingParams
 from decode.tiny import tiny_llama
 from distill.generate import answer_prompts, generation_precision, score_answers
-from test_train_pipeline import fixed_batch_loss, make_recipe, tiny_examples, tiny_pair  # noqa: F401 (fixtures)
+from test_train_pipeline import fixed_batch_loss, make_recipe, tiny_examples  # noqa: F401 (fixtures)
 
 
 def never_measured() -> float:

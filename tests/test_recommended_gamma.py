@@ -3,7 +3,8 @@
 import pytest
 
 from decode.step_costs import StepCosts
-from eval.acceptance import expected_tokens_per_round, recommended_gamma
+from decode.cost_model import expected_tokens_per_round
+from eval.acceptance import recommended_gamma
 
 
 def costs(c: float, v=lambda gamma: 1.0) -> StepCosts:

@@ -19,10 +19,8 @@ from pathlib import Path
 import datasets
 import pytest
 
-from decode.config import PairConfig
 from decode.errors import ConfigError
 from decode.models import ModelSpec
-from decode.pair import load_pair
 from decode.sampling import SamplingParams
 from decode.export.gguf import write_gguf
 from decode.serving.llama_server import free_port
@@ -32,16 +30,9 @@ from distill.generate import cache_key, score_answers
 from distill.served_answers import AnswerServerError, ServedAnswers, answer_source
 
 ROOT = Path(__file__).resolve().parents[1]
-TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
-                  draft=ModelSpec(path=None, derive_layers=1, dtype="float32", device="cpu"))
 # llama-server's default flash attention keeps K and V in f16: measured up to 4.3e-3 on log-probabilities of
 # size ~4 against torch in f32 (2e-6 with -fa off -ctk f32 -ctv f32)
 ENGINE_TOLERANCE = 1e-2
-
-
-@pytest.fixture(scope="module")
-def tiny_pair():
-    return load_pair(TINY.target, TINY.draft)
 
 
 @pytest.fixture(scope="module")

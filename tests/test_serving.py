@@ -17,7 +17,7 @@ import pytest
 
 from decode.config import PairConfig
 from decode.models import ModelSpec
-from decode.pair import load_pair
+from decode.records import EngineCheck
 from decode.serving.engine_costs import EngineCosts
 from decode.export.engines import ServingTarget, write_serving_files
 from decode.kinds.independent.export import serving_flags
@@ -35,11 +35,6 @@ TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="
 pytestmark = pytest.mark.serving
 
 
-
-
-@pytest.fixture(scope="module")
-def tiny_pair():
-    return load_pair(TINY.target, TINY.draft)
 
 
 @pytest.fixture(scope="module")
@@ -173,14 +168,15 @@ def test_the_exports_engine_check_serves_the_draft_and_picks_llama_cpps_gamma(tm
                                                                              server_binary):
     spec = ServerSpec(ggufs["target"], ggufs["draft"], gamma=3)
     engine = engine_check(spec, prompt_ids(tiny_pair, 2), 12, tmp_path / "engine.log", token_acceptance=0.05)
-    assert engine["drafted"] > 0 and engine["c"] > 0 and set(engine["v"]) == {str(g) for g in range(1, 9)}
-    assert json.loads(json.dumps(engine)) == engine  # plain JSON: summaries and W&B take it as it is
-    assert engine["gamma"] == EngineCosts(engine["target_tokens_per_s"], engine["draft_tokens_per_s"],
-                                          {int(g): (int(g) + 1) * engine["target_tokens_per_s"] / v
-                                           for g, v in engine["v"].items()}).best_gamma(0.05)
-    warning = engine_warning({**engine, "predicted_speedup": 0.4})
+    assert engine.drafted > 0 and engine.c > 0 and set(engine.v) == set(range(1, 9))
+    # plain JSON: summaries and W&B take it as it is
+    assert EngineCheck.from_json(json.loads(json.dumps(engine.to_json()))) == engine
+    assert engine.gamma == EngineCosts(engine.target_tokens_per_s, engine.draft_tokens_per_s,
+                                       {g: (g + 1) * engine.target_tokens_per_s / v
+                                        for g, v in engine.v.items()}).best_gamma(0.05)
+    warning = engine_warning(replace(engine, predicted_speedup=0.4))
     assert "0.40x the target alone: serve the target without this draft" in warning
-    assert engine_warning({**engine, "predicted_speedup": 1.2}) is None
+    assert engine_warning(replace(engine, predicted_speedup=1.2)) is None
     missing = engine_check(ServerSpec(ggufs["target"], ggufs["draft"], binary=str(tmp_path / "none")),
                            prompt_ids(tiny_pair, 1), 4, tmp_path / "engine.log", None)
-    assert "skipped" in missing  # no llama-server: the export says so and goes on
+    assert missing.skipped  # no llama-server: the export says so and goes on

@@ -50,7 +50,7 @@ def test_every_step_is_timed_after_the_context_and_the_caches_are_freed(decoder,
     assert timed.count((1, 12)) == 3 * 6 and all(timed[i] == (1, 12) for i in range(0, 30, 10))
     assert len(decoder.draft.forwards) == 1 + 3 and set(decoder.draft.forwards[1:]) == {(1, 12)}
     assert not decoder.target.held and not decoder.draft.held
-    data = costs.to_dict()
+    data = costs.figures().to_json()
     assert set(data) == {"context", "target_step_ms", "draft_step_ms", "c", "v", "repeats", "target_step_ms_spread",
                          "c_spread", "v_spread"}
     assert set(data["v"]) == {"1", "2", "3", "4"} and data["c"] == pytest.approx(costs.c) and data["repeats"] == 2
@@ -65,9 +65,10 @@ def test_ratios_and_the_predicted_speedup_from_hand_computed_costs():
     # a = 0.5, gamma = 2: (1 + 0.5 + 0.25) / (2 * 0.25 + 1.2)
     assert costs.predicted_speedup(0.5, 2) == pytest.approx(1.75 / 1.7)
     assert costs.predicted_speedup(0.0, 1) == pytest.approx(1 / 1.35)
-    assert costs.to_dict() == {"context": 8, "target_step_ms": pytest.approx(20.0), "draft_step_ms": pytest.approx(5.0),
-                               "c": pytest.approx(0.25),
-                               "v": {"1": pytest.approx(1.1), "2": pytest.approx(1.2), "3": pytest.approx(1.5)}}
+    assert costs.figures().to_json() == {"context": 8, "target_step_ms": pytest.approx(20.0),
+                                         "draft_step_ms": pytest.approx(5.0), "c": pytest.approx(0.25),
+                                         "v": {"1": pytest.approx(1.1), "2": pytest.approx(1.2),
+                                               "3": pytest.approx(1.5)}}
 
 
 def test_a_decoder_without_a_draft_is_refused(target64, tokenizer):

@@ -14,8 +14,6 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from decode.errors import ConfigError, PromptError, TrainingDiverged
-from decode.models import ModelSpec
-from decode.pair import load_pair
 from decode.sampling import SamplingParams
 from distill.data import examples_from_records, load_domain_prompts, read_jsonl_prompts, shipped_domains
 from distill.generate import answer_prompts, generate_dataset
@@ -167,11 +165,6 @@ def test_user_jsonl_without_splits_is_split_by_a_stable_hash(tmp_path, compose_t
 
 
 # ---- training on the tiny pair -------------------------------------------------------------------
-
-@pytest.fixture(scope="module")
-def tiny_pair():
-    return load_pair(ModelSpec(path="tiny-random"), ModelSpec(derive_layers=1))
-
 
 @pytest.fixture(scope="module")
 def tiny_examples(tiny_pair):

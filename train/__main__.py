@@ -21,15 +21,12 @@ The last line printed is the run directory. Exit codes: 0 done; 2 a configuratio
 read back decodes differently from the trained one (nothing published).
 """
 
-import sys
-
 import hydra
 import yaml
 from accelerate import Accelerator
 from omegaconf import DictConfig
 
-from decode.cli import CONFIG_PATH, register_help
-from decode.errors import SpecdraftError
+from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.files import write_text
 from decode.models import resolve_device
 from train import config as train_config
@@ -42,7 +39,7 @@ register_help("train", __doc__)
 
 @hydra.main(config_path=CONFIG_PATH, config_name="train", version_base=None)
 def main(cfg: DictConfig) -> None:
-    try:
+    with exit_on_user_error():
         config = train_config.load(cfg)
         validate(config)
         run_dir = run_directory(config)
@@ -52,9 +49,6 @@ def main(cfg: DictConfig) -> None:
             write_text(run_dir / "config.yaml", yaml.safe_dump(plain, sort_keys=False))
         with Tracker(config.logger, run_dir, plain, run_dir.name, accelerator.is_main_process) as tracker:
             summary = Pipeline(config, accelerator, tracker, run_dir, plain).run()
-    except SpecdraftError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
     if accelerator.is_main_process:
         print(format_summary(summary, run_dir))
         print(run_dir.resolve())

@@ -16,7 +16,7 @@ from pathlib import Path
 from decode.context import RunContext
 from decode.errors import ConfigError, ExportError
 from decode.files import write_json
-from decode.results import EvalResult, GenerateResult, TrainResult, load_result, roll_up, save_result
+from decode.results import EvalResult, ExportResult, GenerateResult, TrainResult, load_result, roll_up, save_result
 from decode.models import model_fingerprint
 from decode.kinds.registry import KINDS, kind_named
 from decode.pair import load_pair
@@ -167,54 +167,58 @@ def format_summary(summary: dict, run_dir: Path) -> str:
     kind = KINDS.get(summary.get("draft_kind"))
     kind = f" / {kind.title}" if kind and kind.title else ""
     lines = [f"== {summary['domain']} / {summary['method']}{kind} =="]
-    evaluated = summary.get("eval")
-    if evaluated:
-        before, after = evaluated["before"], evaluated["after"]
-        untrained_on = "" if before.get("prompts", evaluated["prompts"]) == evaluated["prompts"] else \
-            f" (the untrained draft on the first {before['prompts']})"
-        lines += [f"held-out acceptance, {evaluated['prompts']} prompts{untrained_on}, gamma {evaluated['gamma']}, "
-                  f"[95% interval over prompts]:",
-                  f"  per-token acceptance = accepted/tested: {_number(before['token_acceptance'])} -> "
-                  f"{_number(after['token_acceptance'])}{_interval(after['token_acceptance_interval'])}",
-                  f"  alpha = accepted/drafted (what vLLM and llama.cpp count): {_number(before['alpha'])} -> "
-                  f"{_number(after['alpha'])}{_interval(after['alpha_interval'])}",
-                  f"  mean accepted length {_number(after['mean_accepted_length'], '.2f')} tokens/round"]
-        alone = evaluated.get("draft_alone")
-        if alone:
-            lines.append(f"  the figures above are with context copies (decode.copy_ngram); the draft alone, as "
-                         f"vLLM, SGLang and llama.cpp serve it: per-token {_number(alone['token_acceptance'])}"
-                         f"{_interval(alone['token_acceptance_interval'])}, alpha {_number(alone['alpha'])}"
-                         f"{_interval(alone['alpha_interval'])}")
-        costs = evaluated.get("step_costs")
-        if costs:
-            gamma = evaluated["recommended_gamma"]
-            lines.append(f"step costs at {costs['context']} tokens of context: draft c = {costs['c']:.3f}, verify "
-                         f"v({gamma}) = {costs['v'][str(gamma)]:.2f} of one AR step; recommended gamma {gamma}")
-        speed = evaluated.get("speed")
-        if speed and speed["speedup"] is not None:
-            lines.append(f"speed at gamma {speed['gamma']} on {speed['prompts']} prompts one request at a time, AR "
-                         f"interleaved: {_number(speed['tokens_per_s'], '.1f')} vs AR "
-                         f"{_number(speed['ar_tokens_per_s'], '.1f')} tok/s = {speed['speedup']:.2f}x"
-                         f"{_interval(speed['speedup_interval'], '.2f')} (predicted "
-                         f"{_number(speed['predicted_speedup'], '.2f')}x from c, v and acceptance)")
-        if evaluated.get("verdict"):
-            lines.append(f"NOT RECOMMENDED: {evaluated['verdict']}")
-    trained = summary.get("train")
-    if trained and trained.get("validation_acceptance_end") is not None:
-        steps = trained.get("validation_acceptance_steps")
+    if summary.get("eval"):
+        lines += _eval_lines(EvalResult.from_json(summary["eval"]))
+    trained = TrainResult.from_json(summary["train"]) if summary.get("train") else None
+    if trained and trained.validation_acceptance_end is not None:
+        steps = trained.validation_acceptance_steps
         lines.append(f"expected acceptance sum(min(p, q)) on validation answers during training: "
-                     f"{_number(trained.get('validation_acceptance_start'))} -> "
-                     f"{_number(trained['validation_acceptance_end'])}"
+                     f"{_number(trained.validation_acceptance_start)} -> {_number(trained.validation_acceptance_end)}"
                      + (f" (draft steps 1-{len(steps)}: {', '.join(map(_number, steps))})" if steps else ""))
     stages = summary.get("stage_seconds", {})
     lines.append("time per stage: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in stages.items()))
     if trained:
-        lines.append(f"draft: {Path(trained['draft_path']).resolve()}")
+        lines.append(f"draft: {Path(trained.draft_path).resolve()}")
     if summary.get("export"):
-        lines.append(f"export: {Path(summary['export']['export_path']).resolve()}"
-                     + ("" if summary["export"]["evaluated"] else " (exported without an eval of this draft)"))
+        exported = ExportResult.from_json(summary["export"])
+        lines.append(f"export: {Path(exported.export_path).resolve()}"
+                     + ("" if exported.evaluated else " (exported without an eval of this draft)"))
     lines.append(f"summary: {(run_dir / 'summary.json').resolve()}")
     return "\n".join(lines)
+
+
+def _eval_lines(evaluated: EvalResult) -> list[str]:
+    before, after = evaluated.before, evaluated.after
+    untrained_on = "" if before.prompts == evaluated.prompts else \
+        f" (the untrained draft on the first {before.prompts})"
+    lines = [f"held-out acceptance, {evaluated.prompts} prompts{untrained_on}, gamma {evaluated.gamma}, "
+             f"[95% interval over prompts]:",
+             f"  per-token acceptance = accepted/tested: {_number(before.token_acceptance)} -> "
+             f"{_number(after.token_acceptance)}{_interval(after.token_acceptance_interval)}",
+             f"  alpha = accepted/drafted (what vLLM and llama.cpp count): {_number(before.alpha)} -> "
+             f"{_number(after.alpha)}{_interval(after.alpha_interval)}",
+             f"  mean accepted length {_number(after.mean_accepted_length, '.2f')} tokens/round"]
+    alone = evaluated.draft_alone
+    if alone:
+        lines.append(f"  the figures above are with context copies (decode.copy_ngram); the draft alone, as "
+                     f"vLLM, SGLang and llama.cpp serve it: per-token {_number(alone.token_acceptance)}"
+                     f"{_interval(alone.token_acceptance_interval)}, alpha {_number(alone.alpha)}"
+                     f"{_interval(alone.alpha_interval)}")
+    costs = evaluated.step_costs
+    if costs:
+        gamma = evaluated.recommended_gamma
+        lines.append(f"step costs at {costs.context} tokens of context: draft c = {costs.c:.3f}, verify "
+                     f"v({gamma}) = {costs.v[gamma]:.2f} of one AR step; recommended gamma {gamma}")
+    speed = evaluated.speed
+    if speed and speed.speedup is not None:
+        lines.append(f"speed at gamma {speed.gamma} on {speed.prompts} prompts one request at a time, AR "
+                     f"interleaved: {_number(speed.tokens_per_s, '.1f')} vs AR "
+                     f"{_number(speed.ar_tokens_per_s, '.1f')} tok/s = {speed.speedup:.2f}x"
+                     f"{_interval(speed.speedup_interval, '.2f')} (predicted "
+                     f"{_number(speed.predicted_speedup, '.2f')}x from c, v and acceptance)")
+    if evaluated.verdict:
+        lines.append(f"NOT RECOMMENDED: {evaluated.verdict}")
+    return lines
 
 
 def _number(value, spec=".3f") -> str:

@@ -9,16 +9,18 @@ from pathlib import Path
 
 import yaml
 
+from decode.export.record import ExportRecord
+from decode.records import AcceptanceFigures, EngineCheck
 from decode.results import EvalResult, GenerateResult, TrainResult
 
 
-def model_card(record: dict, kind, evaluated: EvalResult | None, trained: TrainResult | None,
+def model_card(record: ExportRecord, kind, evaluated: EvalResult | None, trained: TrainResult | None,
                generated: GenerateResult | None, config: dict) -> str:
     """record: the export's paths, gamma and flags; kind: the draft's (decode/kinds/base.py), which says what the
     draft is; evaluated / trained / generated: the records of this draft's eval, training and data (None when
     absent); config: the resolved settings."""
     domain, generate, method = config["domain"], config["generate"], config["method"]
-    flags = record["flags"]
+    flags = record.result.flags
     lines = [f"# Draft model for speculative decoding: {domain['name']}", ""]
     if evaluated is not None and evaluated.verdict:
         lines += [f"**Not recommended as measured: {evaluated.verdict}.**", ""]
@@ -31,20 +33,20 @@ def model_card(record: dict, kind, evaluated: EvalResult | None, trained: TrainR
         f"- method: {method['name']}, loss {method['loss']}, lr {method['lr']}"
         + (f", {trained.steps} steps" if trained else "")
         + (f", LoRA r={method['lora']['r']} (merged)" if method.get("lora") else ""),
-        *kind.card_lines(record), *_eval_lines(evaluated, record["gamma"]), "",
+        *kind.card_lines(record), *_eval_lines(evaluated, record.result.gamma), "",
         "## Serving", ""]
     if not flags:  # a kind no engine serves: its weights are for this project's decoder
-        lines += [f"No engine serves this kind of draft ({record['draft_kind']}): `draft/` holds its weights for "
+        lines += [f"No engine serves this kind of draft ({record.draft_kind}): `draft/` holds its weights for "
                   f"this project's decoder (pair.draft.path=<this directory>/draft).", ""]
     else:
-        lines += [_files_line(record["files"]), ""]
+        lines += [_files_line(record.files), ""]
     if "vllm" in flags:
         lines += ["vLLM:", "", "```", _command(flags["vllm"]), "```", ""]
     if "sglang" in flags:
         lines += ["SGLang:", "", "```", _command(flags["sglang"]), "```", ""]
     if "llama_cpp" in flags:
         lines += ["llama.cpp:", "", "```", _command(flags["llama_cpp"]), "```", ""]
-        lines += _engine_lines(record["round_trip"].get("engine") or {})
+        lines += _engine_lines(record.result.engine_check)
     lines += kind.card_notes(record)
     lines += ["## Provenance", "", f"- git commit: {_git_commit()}", f"- command line: `{_command(sys.argv)}`", "",
               "Resolved configuration:", "", "```yaml", yaml.safe_dump(config, sort_keys=False).rstrip(), "```", ""]
@@ -67,11 +69,11 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
                 f"configured decode.gamma (run stages=[eval,export] export.overwrite=true for measured figures)"]
     before, after = evaluated.before, evaluated.after
     lines = [f"- held-out acceptance on {evaluated.prompts} prompts (speculative decoding at gamma "
-             f"{evaluated.gamma}; 95% intervals over prompts): per-token acceptance {_figure(before['token_acceptance'])}"
-             f" before training{_untrained_on(before, evaluated.prompts)}, {_figure(after['token_acceptance'])}"
-             f"{_interval(after['token_acceptance_interval'])} "
-             f"after; alpha = accepted/drafted {_figure(before['alpha'])} -> {_figure(after['alpha'])}"
-             f"{_interval(after['alpha_interval'])}"]
+             f"{evaluated.gamma}; 95% intervals over prompts): per-token acceptance {_figure(before.token_acceptance)}"
+             f" before training{_untrained_on(before, evaluated.prompts)}, {_figure(after.token_acceptance)}"
+             f"{_interval(after.token_acceptance_interval)} "
+             f"after; alpha = accepted/drafted {_figure(before.alpha)} -> {_figure(after.alpha)}"
+             f"{_interval(after.alpha_interval)}"]
     if evaluated.draft_alone:
         lines.append(f"- these figures are with context copies (decode.copy_ngram), which only this project's "
                      f"decoder runs; the draft alone, as vLLM, SGLang and llama.cpp serve it: "
@@ -79,23 +81,24 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
     if evaluated.step_costs:
         costs = evaluated.step_costs
         lines.append(f"- recommended gamma: {gamma} (the most tokens per second for this acceptance and the step "
-                     f"costs measured at export time: draft c = {costs['c']:.3f}, verify v({gamma}) = "
-                     f"{costs['v'][str(gamma)]:.2f} AR steps)")
+                     f"costs measured at export time: draft c = {costs.c:.3f}, verify v({gamma}) = "
+                     f"{costs.v[gamma]:.2f} AR steps)")
     speed = evaluated.speed
-    if speed and speed["speedup"] is not None:
-        lines.append(f"- speed at gamma {speed['gamma']}: {speed['speedup']:.2f}x our autoregressive decoding"
-                     f"{_interval(speed['speedup_interval'], '.2f')} (predicted {_figure(speed['predicted_speedup'], '.2f')}x)")
+    if speed and speed.speedup is not None:
+        lines.append(f"- speed at gamma {speed.gamma}: {speed.speedup:.2f}x our autoregressive decoding"
+                     f"{_interval(speed.speedup_interval, '.2f')} "
+                     f"(predicted {_figure(speed.predicted_speedup, '.2f')}x)")
     return lines
 
 
-def _acceptance(figures: dict) -> str:
-    return (f"per-token acceptance {_figure(figures['token_acceptance'])}"
-            f"{_interval(figures['token_acceptance_interval'])}, alpha {_figure(figures['alpha'])}"
-            f"{_interval(figures['alpha_interval'])}")
+def _acceptance(figures: AcceptanceFigures) -> str:
+    return (f"per-token acceptance {_figure(figures.token_acceptance)}"
+            f"{_interval(figures.token_acceptance_interval)}, alpha {_figure(figures.alpha)}"
+            f"{_interval(figures.alpha_interval)}")
 
 
-def _untrained_on(before: dict, prompts: int) -> str:
-    return "" if before.get("prompts", prompts) == prompts else f" (on the first {before['prompts']} of them)"
+def _untrained_on(before: AcceptanceFigures, prompts: int) -> str:
+    return "" if before.prompts == prompts else f" (on the first {before.prompts} of them)"
 
 
 def _figure(value, spec=".3f") -> str:
@@ -106,21 +109,21 @@ def _interval(bounds, spec=".3f") -> str:
     return f" [{bounds[0]:{spec}}, {bounds[1]:{spec}}]" if bounds else ""
 
 
-def _engine_lines(engine: dict) -> list[str]:
-    if "skipped" in engine:
-        return [f"Not served by llama-server at export ({engine['skipped']}).", ""]
-    if not engine:
+def _engine_lines(engine: EngineCheck | None) -> list[str]:
+    if engine is None:
         return []
-    served = (f"Served by llama-server at export, greedy, on {engine['prompts']} prompts: alpha = accepted/drafted "
-              f"{engine['alpha']:.3f} ({engine['accepted']}/{engine['drafted']}).")
-    if "c" not in engine:  # an EAGLE-3 draft: llama-bench cannot time it
+    if engine.skipped is not None:
+        return [f"Not served by llama-server at export ({engine.skipped}).", ""]
+    served = (f"Served by llama-server at export, greedy, on {engine.prompts} prompts: alpha = accepted/drafted "
+              f"{engine.alpha:.3f} ({engine.accepted}/{engine.drafted}).")
+    if not engine.has_step_costs:  # an EAGLE-3 draft: llama-bench cannot time it
         return [served, ""]
-    gamma = engine["gamma"]
-    lines = [f"{served} llama-bench step costs: draft c = {engine['c']:.3f}, verify v({gamma}) = "
-             f"{engine['v'][str(gamma)]:.3f}; `--spec-draft-n-max {gamma}` predicts "
-             f"{engine['predicted_speedup']:.2f}x the target alone at per-token acceptance "
-             f"{engine['token_acceptance']:.3f}.", ""]
-    if engine["predicted_speedup"] < 1.0:
+    gamma = engine.gamma
+    lines = [f"{served} llama-bench step costs: draft c = {engine.c:.3f}, verify v({gamma}) = "
+             f"{engine.v[gamma]:.3f}; `--spec-draft-n-max {gamma}` predicts "
+             f"{engine.predicted_speedup:.2f}x the target alone at per-token acceptance "
+             f"{engine.token_acceptance:.3f}.", ""]
+    if engine.predicted_speedup < 1.0:
         lines += ["**llama.cpp: not worth serving as measured: serve the target without this draft.**", ""]
     return lines
 

@@ -6,6 +6,7 @@ import logging
 from pathlib import Path
 
 from decode.errors import ExportMismatch
+from decode.records import EngineCheck
 from decode.serving.engine_costs import measure_engine_costs
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary
 
@@ -13,7 +14,7 @@ log = logging.getLogger(__name__)
 
 
 def engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path,
-                 token_acceptance: float | None) -> dict:
+                 token_acceptance: float | None) -> EngineCheck:
     """draft.gguf served by llama-server next to the target, greedy: it must load and draft. Skipped (and said so)
     when llama-server is not installed; the export fails when the engine refuses the draft or drafts nothing.
 
@@ -21,13 +22,16 @@ def engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: 
     (else the engine's alpha here) they give the gamma llama_cpp.sh uses and the speedup it predicts."""
     missing = missing_server(spec)
     if missing:
-        return {"skipped": missing}
+        return EngineCheck(skipped=missing)
     served = served_draft_counts(spec, prompt_ids, max_new_tokens, log_path)
     costs = measure_engine_costs(find_binary(spec.binary), spec.target_gguf, spec.draft_gguf, spec.threads)
-    acceptance = token_acceptance if token_acceptance is not None else served["alpha"]
-    gamma = costs.best_gamma(acceptance)
-    return {**served, **costs.to_dict(), "gamma": gamma, "token_acceptance": acceptance,
-            "predicted_speedup": costs.expected_speedup(acceptance, gamma)}
+    served.token_acceptance = token_acceptance if token_acceptance is not None else served.alpha
+    served.gamma = costs.best_gamma(served.token_acceptance)
+    served.predicted_speedup = costs.expected_speedup(served.token_acceptance, served.gamma)
+    served.target_tokens_per_s, served.draft_tokens_per_s = costs.target_tokens_per_s, costs.draft_tokens_per_s
+    served.c = costs.draft_cost_ratio
+    served.v = costs.verify_cost_ratios()
+    return served
 
 
 def missing_server(spec: ServerSpec) -> str | None:
@@ -40,7 +44,8 @@ def missing_server(spec: ServerSpec) -> str | None:
     return None
 
 
-def served_draft_counts(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path) -> dict:
+def served_draft_counts(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int,
+                        log_path: Path) -> EngineCheck:
     """The prompts served with the draft: what it drafted and the target accepted; ExportMismatch when the
     server refuses the draft or drafts nothing."""
     try:
@@ -52,14 +57,14 @@ def served_draft_counts(spec: ServerSpec, prompt_ids: list[list[int]], max_new_t
     if drafted == 0:
         raise ExportMismatch(f"llama-server loaded the exported draft but drafted nothing (see {log_path}): "
                              f"nothing was published")
-    return {"prompts": len(replies), "drafted": drafted, "accepted": accepted, "alpha": accepted / drafted}
+    return EngineCheck(prompts=len(replies), drafted=drafted, accepted=accepted, alpha=accepted / drafted)
 
 
-def engine_warning(engine: dict) -> str | None:
+def engine_warning(engine: EngineCheck) -> str | None:
     """A plain sentence when llama.cpp's own step costs predict no gain from this draft at any gamma."""
-    if engine.get("predicted_speedup") is None or engine["predicted_speedup"] >= 1.0:
+    if engine.predicted_speedup is None or engine.predicted_speedup >= 1.0:
         return None
-    return (f"llama.cpp: with this draft's acceptance ({engine['token_acceptance']:.2f} per token) and the engine's "
-            f"step costs here (draft c = {engine['c']:.2f}, verify v({engine['gamma']}) = "
-            f"{engine['v'][str(engine['gamma'])]:.2f}), the best gamma {engine['gamma']} predicts "
-            f"{engine['predicted_speedup']:.2f}x the target alone: serve the target without this draft")
+    return (f"llama.cpp: with this draft's acceptance ({engine.token_acceptance:.2f} per token) and the engine's "
+            f"step costs here (draft c = {engine.c:.2f}, verify v({engine.gamma}) = "
+            f"{engine.v[engine.gamma]:.2f}), the best gamma {engine.gamma} predicts "
+            f"{engine.predicted_speedup:.2f}x the target alone: serve the target without this draft")

@@ -11,6 +11,7 @@ from decode.config import DecodeConfig, ExportConfig
 from decode.export.engines import ServingTarget
 from decode.export.formats import check_tokenizer
 from decode.models import ModelSpec
+from decode.records import EngineCheck
 
 
 @dataclass
@@ -33,8 +34,9 @@ class ExportJob:
 @dataclass
 class WrittenDraft:
     flags: dict  # the engines' settings
-    checks: dict  # the round trip, and the engine check under "engine"
-    record: dict  # what export.json says of this kind of draft
+    checks: dict  # the round trip
+    record: dict  # what export.json says of this kind of draft (ExportRecord's draft_kind, files, ...)
+    engine: EngineCheck | None = None  # None: not checked (export.engine_check=false, no GGUF)
 
 
 def save_target_tokenizer(ctx, directory: Path) -> None:

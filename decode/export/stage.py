@@ -26,7 +26,6 @@ export is replaced whole or not at all, and never without export.overwrite.
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 
 from decode.config import DecodeConfig, ExportConfig
@@ -36,10 +35,12 @@ from decode.export.card import model_card
 from decode.export.engine_check import engine_warning
 from decode.export.engines import ServingTarget, write_serving_files
 from decode.export.job import ExportJob
+from decode.export.record import RECORD_FILE, ExportRecord
 from decode.files import published
 from decode.kinds.registry import kind_for
-from decode.models import ModelSpec, locate, model_source
-from decode.results import EvalResult, ExportResult, GenerateResult, TrainResult
+from decode.models import ModelSpec, gguf_path, model_source
+from decode.records import EngineCheck, ServingStepCosts
+from decode.results import ENGINE_CHECK, EvalResult, ExportResult, GenerateResult, TrainResult
 
 
 def export_destination(ctx: RunContext, settings: ExportConfig) -> Path:
@@ -60,8 +61,7 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
         raise ExportError(f"{destination} exists; set export.overwrite=true to replace it")
     if not ctx.is_main_process:
         return None
-    target_dir, target_gguf = locate(ctx.target_spec)
-    target_gguf = Path(target_dir, target_gguf) if target_gguf else None
+    target_gguf = gguf_path(ctx.target_spec)
     job = ExportJob(ctx, settings, decode, draft_spec, destination,
                     ServingTarget(_serving_target_path(ctx.target_spec), str(target_gguf) if target_gguf else None),
                     target_gguf, gamma=(evaluated.engine_gamma if evaluated else None) or decode.gamma,
@@ -70,26 +70,28 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
     kind = kind_for(draft_spec)
     with published(destination, directory=True) as staging:
         written = kind.export(job, staging)
-        engine = written.checks.get("engine", {})
+        engine = written.engine
         warning = evaluated.verdict if evaluated else None
-        write_serving_files(staging / "serving", written.flags, warning, engine_warning(engine))
+        write_serving_files(staging / "serving", written.flags, warning, engine_warning(engine) if engine else None)
+        checks = {**written.checks, **({ENGINE_CHECK: engine.to_json()} if engine else {})}
         result = ExportResult(draft_fingerprint=draft_fingerprint, export_path=str(destination), gamma=job.gamma,
-                              evaluated=evaluated is not None, flags=written.flags, round_trip=written.checks)
-        record = {**asdict(result), "worth_serving": warning is None if evaluated else None,
-                  "step_costs": serving_step_costs(evaluated, engine, job.gamma), **written.record}
-        (staging / "export.json").write_text(json.dumps(record, indent=2) + "\n")
+                              evaluated=evaluated is not None, flags=written.flags, round_trip=checks)
+        record = ExportRecord(result=result, worth_serving=warning is None if evaluated else None,
+                              step_costs=serving_step_costs(evaluated, engine, job.gamma), **written.record)
+        (staging / RECORD_FILE).write_text(json.dumps(record.to_json(), indent=2) + "\n")
         (staging / "README.md").write_text(model_card(record, kind, evaluated, trained, generated, config))
     return result
 
 
-def serving_step_costs(evaluated: EvalResult | None, engine: dict, gamma: int) -> dict | None:
+def serving_step_costs(evaluated: EvalResult | None, engine: EngineCheck | None,
+                       gamma: int) -> ServingStepCosts | None:
     """The step costs of the engine this export is most likely served by, for the monitor's break-even
     threshold: llama.cpp's own (llama-bench) when the engine check measured them, else our decoder's."""
-    if "c" in engine:
-        return {"engine": "llama.cpp", "gamma": engine["gamma"], "c": engine["c"], "v": engine["v"]}
+    if engine is not None and engine.has_step_costs:
+        return ServingStepCosts(engine="llama.cpp", gamma=engine.gamma, c=engine.c, v=engine.v)
     if evaluated is not None and evaluated.step_costs:
         costs = evaluated.step_costs
-        return {"engine": "decoder", "gamma": gamma, "c": costs["c"], "v": costs["v"]}
+        return ServingStepCosts(engine="decoder", gamma=gamma, c=costs.c, v=costs.v)
     return None
 
 

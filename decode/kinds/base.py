@@ -21,6 +21,7 @@ from decode.config import ExportConfig
 from decode.drafting import Drafter
 from decode.examples import Example, collate
 from decode.export.job import ExportJob, WrittenDraft
+from decode.export.record import ExportRecord
 from decode.models import ModelSpec
 
 
@@ -144,11 +145,11 @@ class DraftKind(abc.ABC):
     def export(self, job: ExportJob, staging: Path) -> WrittenDraft:
         """Writes the serving files of job's draft in `staging`, read back and checked."""
 
-    def card_lines(self, record: dict) -> list[str]:
+    def card_lines(self, record: ExportRecord) -> list[str]:
         """The model card's lines on the draft (record: export.json)."""
-        return [f"- draft vocabulary: {record['draft_vocab_size'] or 'full'}"]
+        return [f"- draft vocabulary: {record.draft_vocab_size or 'full'}"]
 
-    def card_notes(self, record: dict) -> list[str]:
+    def card_notes(self, record: ExportRecord) -> list[str]:
         """The model card's paragraphs after the serving commands."""
         return []
 

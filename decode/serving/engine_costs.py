@@ -7,7 +7,7 @@ A speculative round drafts d tokens (d <= gamma) and verifies them in one batch,
 
     predicted speedup = (1 + accepted/rounds) / ((drafted/rounds) * c + v(gamma))
 
-and, from a per-token acceptance a alone, (1 + a + ... + a^gamma) / (gamma * c + v(gamma)).
+and, from a per-token acceptance a alone, decode/cost_model.py's (1 + a + ... + a^gamma) / (gamma * c + v(gamma)).
 
 llama-bench times bare forwards. A server also samples every position it computes, over the whole vocabulary,
 and keeps its books: measured target alone, its time per token T exceeds llama-bench's t by o = T - t. With
@@ -23,9 +23,9 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from decode import cost_model
+from decode.cost_model import MAX_GAMMA
 from decode.serving.llama_server import ServerError, server_environment
-
-MAX_GAMMA = 8
 
 
 @dataclass
@@ -41,10 +41,15 @@ class EngineCosts:
     def verify_cost_ratio(self, gamma: int) -> float:
         return (gamma + 1) * self.target_tokens_per_s / self.verify_tokens_per_s[gamma]
 
+    def verify_cost_ratios(self) -> dict[int, float]:
+        """v(gamma) for every gamma measured."""
+        return {gamma: self.verify_cost_ratio(gamma) for gamma in self.verify_tokens_per_s}
+
     def predicted_speedup(self, drafted: float, accepted: float, rounds: float, gamma: int) -> float:
         if rounds <= 0:
             return float("nan")
-        return (1 + accepted / rounds) / (drafted / rounds * self.draft_cost_ratio + self.verify_cost_ratio(gamma))
+        return (1 + accepted / rounds) / cost_model.round_cost(self.draft_cost_ratio, self.verify_cost_ratio(gamma),
+                                                               drafted / rounds)
 
     def predicted_speedup_in_server(self, drafted: float, accepted: float, rounds: float, gamma: int,
                                     server_token_s: float) -> float:
@@ -59,11 +64,11 @@ class EngineCosts:
         return (1 + accepted / rounds) * server_token_s / round_s
 
     def expected_speedup(self, token_acceptance: float, gamma: int) -> float:
-        tokens_per_round = sum(token_acceptance ** i for i in range(gamma + 1))
-        return tokens_per_round / (gamma * self.draft_cost_ratio + self.verify_cost_ratio(gamma))
+        return cost_model.predicted_speedup(token_acceptance, gamma, self.draft_cost_ratio,
+                                            self.verify_cost_ratio(gamma))
 
     def best_gamma(self, token_acceptance: float) -> int:
-        return max(self.verify_tokens_per_s, key=lambda gamma: self.expected_speedup(token_acceptance, gamma))
+        return cost_model.best_gamma(token_acceptance, self.draft_cost_ratio, self.verify_cost_ratios())
 
     def to_dict(self) -> dict:
         """Plain JSON data (v keyed by str(gamma)), as summaries, W&B and export.json take it."""

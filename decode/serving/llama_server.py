@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from decode.cost_model import DEFAULT_GAMMA
 from decode.errors import SpecdraftError
 
 INSTALL_HINT = ("install the serving extra: CMAKE_ARGS=\"$(python -m decode.serving.llama_cpp_build)\" "
@@ -45,7 +46,7 @@ class ServerError(SpecdraftError, RuntimeError):
 class ServerSpec:
     target_gguf: str
     draft_gguf: Optional[str] = None
-    gamma: int = 3                 # --spec-draft-n-max: tokens drafted per step
+    gamma: int = DEFAULT_GAMMA     # --spec-draft-n-max: tokens drafted per step
     threads: int = 2
     ctx_size: int = 2048
     binary: Optional[str] = None

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import sys
 import time
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,10 +34,10 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from decode.cli import CONFIG_PATH, register_help
-from decode.errors import ConfigError, SpecdraftError
+from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
+from decode.errors import ConfigError
 from decode.files import point_symlink, write_json
-from decode.models import load_tokenizer, locate
+from decode.models import gguf_path, load_tokenizer
 from decode.pair import encode_chat
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec
 from distill.domains import domain_config
@@ -92,11 +91,11 @@ class ServedLoop:
     def __init__(self, config: ClosedLoopCommand, output_dir: Path):
         self.config, self.output_dir = config, output_dir
         self.current = Path(config.promotion.current)
-        located_dir, located_file = locate(config.pair.target)
-        if not located_file:
+        target_gguf = gguf_path(config.pair.target)
+        if target_gguf is None:
             raise ConfigError("the closed loop serves the target with llama-server: pair.target must be "
                               "a .gguf file")
-        self.target_gguf = str(Path(located_dir, located_file))
+        self.target_gguf = str(target_gguf)
         self.tokenizer = load_tokenizer(config.pair.target)
         self.request_log = output_dir / "requests.jsonl"
         self.steps: list[dict] = []
@@ -275,11 +274,8 @@ register_help("closed_loop", __doc__)
 def main(cfg: DictConfig) -> None:
     config: ClosedLoopCommand = OmegaConf.to_object(cfg)
     output_dir = Path(config.loop.output_dir or HydraConfig.get().runtime.output_dir)
-    try:
+    with exit_on_user_error():
         result = run_loop(config, output_dir)
-    except SpecdraftError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
     write_json(output_dir / "closed_loop.json", result)
     print(format_windows(result))
     print(output_dir.resolve())

@@ -12,7 +12,6 @@ held-out prompts (or those of replay.prompts), taken in order and reused when th
 from __future__ import annotations
 
 import json
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
@@ -22,9 +21,9 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from decode.cli import CONFIG_PATH, register_help
+from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.config import DecodeConfig, PairConfig
-from decode.errors import ConfigError, SpecdraftError
+from decode.errors import ConfigError
 from decode.pair import ModelPair, load_pair
 from distill.domains import domain_config
 from eval.config import ReportConfig
@@ -110,14 +109,11 @@ register_help("replay", __doc__)
 @hydra.main(config_path=CONFIG_PATH, config_name="replay", version_base=None)
 def main(cfg: DictConfig) -> None:
     config: ReplayCommand = OmegaConf.to_object(cfg)
-    try:
+    with exit_on_user_error():
         config.decode.validate()
         traffic(config.replay)  # settings and prompts checked before the models load
         pair = load_pair(config.pair.target, config.pair.draft, config.pair.check_chat_template)
         lines = replay(pair, config.decode, config.replay, config.seed)
-    except SpecdraftError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
     for domain in sorted({line["domain"] for line in lines}):
         drafted = sum(line["drafted"] for line in lines if line["domain"] == domain)
         accepted = sum(line["accepted"] for line in lines if line["domain"] == domain)

@@ -20,7 +20,6 @@ serving_bench.md to serving.output_dir; the last line printed is that directory.
 from __future__ import annotations
 
 import logging
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
@@ -32,11 +31,12 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 from tqdm.auto import tqdm
 
-from decode.cli import CONFIG_PATH, register_help
+from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.config import PairConfig
-from decode.errors import ConfigError, SpecdraftError
+from decode.cost_model import DEFAULT_GAMMA
+from decode.errors import ConfigError
 from decode.files import write_json, write_text
-from decode.models import ModelSpec, derive_draft, load_model, locate
+from decode.models import ModelSpec, derive_draft, gguf_path, load_model
 from decode.kinds.registry import kind_of
 from decode.pair import ModelPair, load_draft, load_pair
 from decode.sampling import SamplingParams
@@ -62,7 +62,7 @@ class ServingBenchConfig:
     max_prompts: int = 8  # held-out prompts per domain
     max_new_tokens: int = 64
     temperature: float = 0.0  # greedy: the server's output is then the same with any draft
-    gamma: int = 3  # --spec-draft-n-max
+    gamma: int = DEFAULT_GAMMA  # --spec-draft-n-max
     threads: int = 2
     gguf_type: str = "q8_0"  # of the drafts (and of a target that has no GGUF) written for the engine
     untrained: bool = True  # also serve the draft the training starts from
@@ -102,9 +102,9 @@ def validate(settings: ServingBenchConfig) -> None:
 
 
 def target_gguf(pair: ModelPair, spec: ModelSpec, directory: Path, outtype: str) -> str:
-    located_dir, located_file = locate(spec)
-    if located_file:
-        return str(Path(located_dir, located_file))
+    located = gguf_path(spec)
+    if located is not None:
+        return str(located)
     return str(write_gguf(pair.target, pair.tokenizer, directory / "target.gguf", outtype=outtype))
 
 
@@ -261,13 +261,10 @@ register_help("serving_bench", __doc__)
 def main(cfg: DictConfig) -> None:
     config: ServingBenchCommand = OmegaConf.to_object(cfg)
     output_dir = Path(config.serving.output_dir or HydraConfig.get().runtime.output_dir)
-    try:
+    with exit_on_user_error():
         validate(config.serving)
         pair = load_pair(config.pair.target, config.pair.draft, config.pair.check_chat_template)
         report = run_bench(pair, config.pair, config.serving, output_dir, config.seed)
-    except SpecdraftError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(error.exit_code)
     table = format_markdown(report)
     write_json(output_dir / "serving_bench.json", report)
     write_text(output_dir / "serving_bench.md", table)

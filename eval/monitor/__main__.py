@@ -54,10 +54,9 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from decode.cli import CONFIG_PATH, register_help
-from decode.errors import SpecdraftError
+from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from eval.monitor.config import MonitorConfig, register
-from eval.monitor.watch import EXIT_ERROR, EXIT_HEALTHY, run
+from eval.monitor.watch import EXIT_DRIFT, EXIT_ERROR, EXIT_HEALTHY, run
 
 register()
 register_help("monitor", __doc__)
@@ -68,20 +67,19 @@ _exit_code = EXIT_HEALTHY  # set by main, read by cli: Hydra's own failures exit
 def main(cfg: DictConfig) -> None:
     global _exit_code
     config: MonitorConfig = OmegaConf.to_object(cfg)
-    try:
+    with exit_on_user_error():
         _exit_code = run(config).exit_code
-    except SpecdraftError as error:
-        print(f"error: {error}", file=sys.stderr)
-        _exit_code = error.exit_code
 
 
 def cli() -> int:
-    """Run main; -> its exit code. Hydra exits 1 on an override it cannot apply (and on a crash), which would
-    read as drift here: that is 2. After --help it exits 0."""
+    """Run main; -> its exit code. A user's error exits with its own code; Hydra exits 1 on an override it cannot
+    apply (and on a crash), which would read as drift here: that is 2. After --help it exits 0."""
     try:
         main()
     except SystemExit as stop:
-        return EXIT_ERROR if stop.code else EXIT_HEALTHY
+        if not stop.code:
+            return EXIT_HEALTHY
+        return stop.code if isinstance(stop.code, int) and stop.code != EXIT_DRIFT else EXIT_ERROR
     return _exit_code
 
 

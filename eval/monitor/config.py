@@ -6,6 +6,8 @@ from typing import Dict, List, Optional, Union
 from hydra.core.config_store import ConfigStore
 
 from decode.config import DecodeConfig, PairConfig
+from decode.cost_model import DEFAULT_GAMMA
+from eval.bootstrap import BOOTSTRAP_SAMPLES
 
 
 @dataclass
@@ -28,7 +30,7 @@ class PromotionConfig:
     # interval spans about +-0.035: a margin much below 0.08 would hold back most clearly better challengers
     min_gain: float = 0.02
     margin: float = 0.08
-    bootstrap_samples: int = 1000  # paired resamples of the gate prompts behind each interval
+    bootstrap_samples: int = BOOTSTRAP_SAMPLES  # paired resamples of the gate prompts behind each interval
     gate_fraction: float = 0.25  # of each domain's recent prompts: gate on these, train on the rest
     # the retrain learns every domain's recent traffic, so that the one draft a server runs keeps them: the drifted
     # domain's, all of it, and each other domain's latest train-side prompts up to this many. The drifted domain
@@ -58,7 +60,7 @@ class MonitorConfig:
     threshold: Union[float, int, str] = 0.5
     # the most tokens serving drafts a round (llama-server --spec-draft-n-max, vLLM num_speculative_tokens): the
     # gamma at which per-token acceptance is estimated from accepted / drafted where a source counts no rejections
-    gamma: int = 3
+    gamma: int = DEFAULT_GAMMA
     alert_after: int = 3  # consecutive low windows
     # started on an alert, as a job of its own; "{domain}", "{prompts}" (a JSONL of recent prompts to train on),
     # "{run_dir}" and "{champion}" (the model directory of the export promotion.current points at: a retrain that

@@ -1,4 +1,4 @@
-"""Per-token acceptance from what a source counts, and the acceptance at which speculation breaks even.
+"""Per-token acceptance from what a source counts (the break-even acceptance is decode/cost_model.py's).
 
 The per-token acceptance a is the probability that the target accepts a drafted token it tests: accepted /
 tested, where a round tests its accepted tokens and, when one is rejected, that one too. The expected tokens a
@@ -10,7 +10,7 @@ alpha = (a + a^2 + ... + a^g) / g, which is solved here for a.
 
 from __future__ import annotations
 
-from typing import Callable
+from decode.cost_model import expected_tokens_per_round, increasing_root
 
 
 def assumption(gamma: int) -> str:
@@ -23,15 +23,6 @@ def alpha_at(acceptance: float, gamma: int) -> float:
     return sum(acceptance ** i for i in range(1, gamma + 1)) / gamma
 
 
-def increasing_root(f: Callable[[float], float], target: float) -> float:
-    """The x in [0, 1] where f, increasing there, reaches `target` (by bisection); an end when it never does."""
-    low, high = 0.0, 1.0
-    for _ in range(60):  # 2^-60: far below any count's resolution
-        middle = (low + high) / 2
-        low, high = (middle, high) if f(middle) < target else (low, middle)
-    return (low + high) / 2
-
-
 def acceptance_from_alpha(alpha: float, gamma: int) -> float:
     return increasing_root(lambda acceptance: alpha_at(acceptance, gamma), alpha)
 
@@ -40,15 +31,4 @@ def estimated_tests(drafted: float, accepted: float, gamma: int) -> float:
     """The acceptance tests behind `accepted` of `drafted` tokens drafted `gamma` a round: its rounds times the
     tests a round makes, 1 + a + ... + a^(gamma-1) (also at a = 0, where each round tests one token)."""
     acceptance = acceptance_from_alpha(accepted / drafted, gamma)
-    return drafted / gamma * sum(acceptance ** i for i in range(gamma))
-
-
-def break_even_acceptance(draft_cost: float, verify_cost: float, gamma: int) -> float:
-    """The per-token acceptance below which a round, gamma draft steps (draft_cost each, in target steps) and a
-    verify (verify_cost), emits fewer tokens than the target alone makes in its time:
-    (1 + a + ... + a^gamma) / (gamma * draft_cost + verify_cost) = 1. ValueError when even a = 1 falls short."""
-    round_cost = gamma * draft_cost + verify_cost
-    if round_cost > gamma + 1:
-        raise ValueError(f"a round costs {round_cost:.2f} target steps and emits at most {gamma + 1} tokens: "
-                         f"speculation at gamma {gamma} is slower than the target alone at any acceptance")
-    return increasing_root(lambda acceptance: sum(acceptance ** i for i in range(gamma + 1)), round_cost)
+    return drafted / gamma * expected_tokens_per_round(acceptance, gamma - 1)

@@ -23,7 +23,7 @@ import numpy as np
 
 from decode.errors import ConfigError
 from decode.files import point_symlink, write_jsonl
-from eval.acceptance import bootstrap_interval
+from eval.bootstrap import bootstrap_interval
 from eval.config import ReportConfig
 from eval.monitor.config import MonitorConfig, PromotionConfig
 

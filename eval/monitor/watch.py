@@ -23,13 +23,14 @@ from urllib.parse import urlsplit
 
 from filelock import FileLock, Timeout
 
+from decode.cost_model import break_even_acceptance
 from decode.errors import ConfigError, SpecdraftError
+from decode.export.record import RECORD_FILE, serving_step_costs_of
 from decode.files import remove_stale_staging, write_json
 from eval.monitor import jobs
 from eval.monitor.config import MonitorConfig
 from eval.monitor.drift import (LOW, NO_DATA, Alert, Counts, DomainState, LowWindow, Observation, Retrain, WindowResult,
                                 add_observation, iso_minute, judge, take_complete_windows, track, window_of)
-from eval.monitor.estimates import break_even_acceptance
 from eval.monitor.promotion import (GATE_PROMPTS, KEEP, TRAIN_PROMPTS, GateResult, check_current, promote, run_gate,
                                     served_draft, split_traffic, write_traffic)
 from eval.monitor.sources import (CounterReading, LogPosition, Problems, is_domain_name, parse_time, read_metrics,
@@ -181,11 +182,12 @@ def break_even_threshold(config: MonitorConfig) -> float:
     if not config.promotion.current:
         raise ConfigError(f"monitor: threshold={BREAK_EVEN} reads the step costs of the export serving now: set "
                           "promotion.current to the symbolic link that points at it")
-    record = Path(config.promotion.current).resolve() / "export.json"
+    record = Path(config.promotion.current).resolve() / RECORD_FILE
     try:
-        costs = json.loads(record.read_text(encoding="utf-8"))["step_costs"]
-        engine, gamma, draft_cost = costs["engine"], int(costs["gamma"]), float(costs["c"])
-        verify_cost = float(costs["v"][str(gamma)])
+        costs = serving_step_costs_of(json.loads(record.read_text(encoding="utf-8")))
+        if costs is None:
+            raise ValueError("step_costs is null: neither the engine check nor an eval measured them")
+        engine, gamma, draft_cost, verify_cost = costs.engine, costs.gamma, costs.c, costs.v[costs.gamma]
     except (OSError, ValueError, KeyError, TypeError) as error:
         raise ConfigError(f"monitor: threshold={BREAK_EVEN} needs step_costs {{engine, gamma, c, v}} in {record} "
                           f"(written by the export stage), which cannot be read ({type(error).__name__}: {error}); "

@@ -34,6 +34,7 @@ from decode.errors import ExportError, ExportMismatch
 from decode.export.engine_check import missing_server, served_draft_counts
 from decode.export.engines import ServingTarget, llama_cpp_args, sglang_args, vllm_args
 from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
+from decode.records import EngineCheck
 from decode.kinds.eagle3.gguf import (CHECK_TOLERANCE, eagle3_gguf_reference, first_step_logits, read_eagle3_gguf,
                                       write_eagle3_gguf)
 from decode.kinds.eagle3.head import (CHECKPOINT_FILE, Eagle3Config, Eagle3Head, default_capture_layers,
@@ -253,22 +254,22 @@ def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
     if settings.gguf:
         gguf_path = write_eagle3_gguf(head, ctx.pair.tokenizer, staging / "draft.gguf",
                                       tokenizer_source_gguf=job.target_gguf, outtype=settings.gguf_type)
-    checks = {}
+    checks, engine = {}, None
     if settings.verify_prompts:
         written = read_back_heads(head, staging / "draft", sglang_dir, gguf_path, target_layers, settings.gguf_type)
         checks = head_round_trip(ctx.pair, written, job.verify_ids, job.max_new_tokens,
                                  job.decode.gamma_policy(dynamic=False), job.draft_spec.path)
         if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
             spec = ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma, spec_type=EAGLE3_SPEC_TYPE)
-            checks["engine"] = eagle3_engine_check(spec, job.verify_ids, job.max_new_tokens,
-                                                   ctx.run_dir / "engine_check.log")
+            engine = eagle3_engine_check(spec, job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log")
     flags = serving_flags(job.target, job.destination / "draft",
                           job.destination / "sglang" if sglang_dir else None,
                           job.destination / "draft.gguf" if gguf_path else None, job.gamma)
     files = {"vllm": "draft", **({"sglang": "sglang"} if sglang_dir else {}),
              **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
     return WrittenDraft(flags, checks, {"draft_kind": "eagle3", "draft_vocab_size": head.config.draft_vocab_size,
-                                        "files": files, "eagle3": eagle3_record(head, target_layers, sglang_skipped)})
+                                        "files": files, "eagle3": eagle3_record(head, target_layers, sglang_skipped)},
+                        engine)
 
 
 def eagle3_record(head: Eagle3Head, target_layers: int, sglang_skipped: str | None) -> dict:
@@ -294,9 +295,10 @@ def serving_flags(target: ServingTarget, speculators_dir: Path, sglang_dir: Path
     return flags
 
 
-def eagle3_engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path) -> dict:
+def eagle3_engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int,
+                        log_path: Path) -> EngineCheck:
     """The same for an EAGLE-3 GGUF (spec.spec_type draft-eagle3), without step costs (EAGLE3_ENGINE_COSTS)."""
     missing = missing_server(spec)
     if missing:
-        return {"skipped": missing}
+        return EngineCheck(skipped=missing)
     return served_draft_counts(spec, prompt_ids, max_new_tokens, log_path)

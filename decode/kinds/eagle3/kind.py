@@ -12,6 +12,7 @@ from torch import nn
 from decode.errors import ConfigError, PairError
 from decode.examples import Example
 from decode.export.job import ExportJob, WrittenDraft
+from decode.export.record import ExportRecord
 from decode.kinds.base import DraftKind
 from decode.kinds.eagle3 import export
 from decode.kinds.eagle3.drafter import Eagle3Drafter
@@ -110,14 +111,14 @@ class Eagle3Kind(DraftKind):
     def export(self, job: ExportJob, staging: Path) -> WrittenDraft:
         return export.write_draft(job, staging)
 
-    def card_lines(self, record: dict) -> list[str]:
-        eagle3 = record["eagle3"]
+    def card_lines(self, record: ExportRecord) -> list[str]:
+        eagle3 = record.eagle3
         return [f"- draft: an EAGLE-3 head (one decoder layer over the target's hidden states), reading the "
                 f"residual stream entering target layers {eagle3['capture_layers']} (of {eagle3['target_layers']})",
-                f"- draft vocabulary: {record['draft_vocab_size']} of the target's {eagle3['vocab_size']} tokens"]
+                f"- draft vocabulary: {record.draft_vocab_size} of the target's {eagle3['vocab_size']} tokens"]
 
-    def card_notes(self, record: dict) -> list[str]:
-        eagle3 = record["eagle3"]
+    def card_notes(self, record: ExportRecord) -> list[str]:
+        eagle3 = record.eagle3
         lines = ["The head proposes only its draft vocabulary: draft token i is target token i + d2t[i] (`d2t` in "
                  "both safetensors files; draft.gguf stores the target ids themselves).", ""]
         if eagle3["sglang_capture_layer_ids"] is not None:

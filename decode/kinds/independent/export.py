@@ -29,20 +29,20 @@ def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
     if settings.gguf:
         gguf_path = write_gguf(draft, ctx.pair.tokenizer, staging / "draft.gguf", tokenizer_source_gguf=job.target_gguf,
                                outtype=settings.gguf_type)
-    checks = {}
+    checks, engine = {}, None
     if settings.verify_prompts:
         checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, job.decode, job.verify_ids,
                             job.max_new_tokens, settings.gguf_type)
         if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
-            checks["engine"] = engine_check(ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma),
-                                            job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log",
-                                            job.token_acceptance)
+            engine = engine_check(ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma),
+                                  job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log",
+                                  job.token_acceptance)
     flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
-                          job.gamma, checks.get("engine", {}).get("gamma"))
+                          job.gamma, engine.gamma if engine else None)
     kept = getattr(draft.config, "draft_vocab", None)
     files = {"vllm": "draft", "sglang": "draft", **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
     return WrittenDraft(flags, checks, {"draft_kind": "causal_lm", "draft_vocab_size": len(kept) if kept else None,
-                                        "files": files})
+                                        "files": files}, engine)
 
 
 def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int,

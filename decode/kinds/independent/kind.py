@@ -14,6 +14,7 @@ from transformers import PreTrainedModel
 from decode.errors import PairError
 from decode.export.gguf import gguf_unsupported_reason, write_gguf
 from decode.export.job import ExportJob, WrittenDraft
+from decode.export.record import ExportRecord
 from decode.files import published
 from decode.kinds.base import DraftKind
 from decode.kinds.independent import export
@@ -107,8 +108,8 @@ class IndependentKind(DraftKind):
     def export(self, job: ExportJob, staging: Path) -> WrittenDraft:
         return export.write_draft(job, staging)
 
-    def card_notes(self, record: dict) -> list[str]:
-        if not record["draft_vocab_size"]:
+    def card_notes(self, record: ExportRecord) -> list[str]:
+        if not record.draft_vocab_size:
             return []
         return ["The draft keeps a pruned vocabulary: the output rows of the other tokens are zero here "
                 "(engines give them a small probability); this project's decoder reads `draft_vocab` from "

@@ -1,0 +1,64 @@
+"""The cost model of speculative decoding, in steps of the target decoding alone (AR steps).
+
+    a    = per-token acceptance: the probability that the target accepts a drafted token it tests
+    c    = one draft step / one AR step
+    v(g) = one verify of g drafted tokens (a target forward of g + 1 tokens) / one AR step
+
+A round of gamma g drafts g tokens and verifies them at once. It yields the accepted tokens and one from the
+target, 1 + a + ... + a^g = (1 - a^(g+1)) / (1 - a) tokens, at a cost of g c + v(g) AR steps, so that
+
+    predicted speedup = (1 + a + ... + a^g) / (g c + v(g))
+
+(Leviathan et al. 2023, with v(g) = 1 there). The recommended gamma maximises it; the break-even acceptance is
+the a at which it is 1.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping
+
+DEFAULT_GAMMA = 3  # tokens drafted a round
+MIN_GAMMA = 2  # the range dynamic gamma moves in
+MAX_GAMMA = 8  # ... and the gammas whose verify costs are measured
+# v(g) below this: a verify of g + 1 tokens ran faster than one AR step, so the AR step measured is slow
+MIN_VERIFY_COST = 0.95
+
+
+def expected_tokens_per_round(token_acceptance: float, gamma: int) -> float:
+    """1 + a + ... + a^gamma: tokens a round yields when each drafted token is accepted with probability a."""
+    return sum(token_acceptance ** i for i in range(gamma + 1))
+
+
+def round_cost(draft_cost: float, verify_cost: float, drafted: float) -> float:
+    """A round's cost in AR steps: `drafted` draft steps (draft_cost each) and one verify (verify_cost)."""
+    return drafted * draft_cost + verify_cost
+
+
+def predicted_speedup(token_acceptance: float, gamma: int, draft_cost: float, verify_cost: float) -> float:
+    """Tokens per round over the round's cost in AR steps: the speedup over the target alone."""
+    return expected_tokens_per_round(token_acceptance, gamma) / round_cost(draft_cost, verify_cost, gamma)
+
+
+def best_gamma(token_acceptance: float, draft_cost: float, verify_costs: Mapping[int, float]) -> int:
+    """The gamma among verify_costs' (gamma -> v(gamma)) with the highest predicted speedup; the first on a tie."""
+    return max(verify_costs, key=lambda gamma: predicted_speedup(token_acceptance, gamma, draft_cost,
+                                                                 verify_costs[gamma]))
+
+
+def increasing_root(f: Callable[[float], float], target: float) -> float:
+    """The x in [0, 1] where f, increasing there, reaches `target` (by bisection); an end when it never does."""
+    low, high = 0.0, 1.0
+    for _ in range(60):  # 2^-60: far below any count's resolution
+        middle = (low + high) / 2
+        low, high = (middle, high) if f(middle) < target else (low, middle)
+    return (low + high) / 2
+
+
+def break_even_acceptance(draft_cost: float, verify_cost: float, gamma: int) -> float:
+    """The per-token acceptance below which a round emits fewer tokens than the target alone makes in its time:
+    predicted_speedup = 1. ValueError when even a = 1 falls short."""
+    cost = round_cost(draft_cost, verify_cost, gamma)
+    if cost > gamma + 1:
+        raise ValueError(f"a round costs {cost:.2f} target steps and emits at most {gamma + 1} tokens: "
+                         f"speculation at gamma {gamma} is slower than the target alone at any acceptance")
+    return increasing_root(lambda acceptance: expected_tokens_per_round(acceptance, gamma), cost)

@@ -1,0 +1,151 @@
+"""The figures one room hands another: acceptance, step costs, the engine check, what the monitor reads of an export.
+
+Each is a dataclass with one writer (`to_json`) and one reader (`from_json`), and the JSON keeps the keys these
+figures have always had on disk (stage results, summary.json, export.json), so that earlier records still load.
+Gamma-keyed maps are int-keyed here and str-keyed in JSON, as JSON objects need.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field, fields
+from typing import Optional
+
+
+def _known(cls, data: dict) -> dict:
+    """The entries of `data` that are fields of `cls` (a record written by another version may have more)."""
+    names = {f.name for f in fields(cls)}
+    return {key: value for key, value in data.items() if key in names}
+
+
+def _by_gamma(values: Optional[dict]) -> Optional[dict]:
+    return None if values is None else {int(gamma): value for gamma, value in values.items()}
+
+
+def _by_gamma_json(values: dict) -> dict:
+    return {str(gamma): values[gamma] for gamma in sorted(values)}
+
+
+@dataclass(kw_only=True)
+class AcceptanceFigures:
+    """One draft on a set of prompts at one gamma (eval/acceptance.py figures): summed counts, the rates with their
+    95% intervals, the speed against AR, the prediction from the step costs, and `flags`: what makes the speedup
+    untrustworthy. A rate with nothing to divide by is None."""
+
+    prompts: int = 0
+    tokens: int = 0
+    drafted: int = 0
+    accepted: int = 0
+    rejected: int = 0  # rounds whose acceptance test failed
+    copied: int = 0  # drafted tokens that were context copies
+    gamma: int
+    alpha: Optional[float] = None  # accepted / drafted
+    alpha_interval: Optional[list[float]] = None
+    token_acceptance: Optional[float] = None  # accepted / tested
+    token_acceptance_interval: Optional[list[float]] = None
+    mean_accepted_length: Optional[float] = None
+    acceptance_by_position: list[Optional[float]] = field(default_factory=list)
+    tokens_per_s: Optional[float] = None
+    ar_tokens_per_s: Optional[float] = None
+    speedup: Optional[float] = None
+    speedup_interval: Optional[list[float]] = None
+    c: Optional[float] = None  # a draft step / an AR step
+    v: Optional[float] = None  # a verify at `gamma` / an AR step
+    predicted_speedup: Optional[float] = None
+    recommended_gamma: Optional[int] = None
+    flags: list[str] = field(default_factory=list)
+    counts: dict = field(default_factory=dict)  # decode.metrics.DecodeMetrics, summed, as plain data
+    ar_counts: Optional[dict] = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> AcceptanceFigures:
+        return cls(**_known(cls, data))
+
+
+@dataclass(kw_only=True)
+class StepCostFigures:
+    """decode/step_costs.py's measurement as ratios to one AR step: c, and v(gamma) for each gamma timed."""
+
+    context: int  # cached tokens before the timed forwards
+    target_step_ms: float
+    draft_step_ms: float
+    c: float
+    v: dict[int, float]
+    repeats: int = 0  # timed repetitions behind the figures
+    # when measured: the interquartile ranges of the AR step's milliseconds, of c's ratios, of each v(gamma)'s
+    target_step_ms_spread: Optional[list[float]] = None
+    c_spread: Optional[list[float]] = None
+    v_spread: Optional[dict[int, list[float]]] = None
+
+    def to_json(self) -> dict:
+        data = {"context": self.context, "target_step_ms": self.target_step_ms, "draft_step_ms": self.draft_step_ms,
+                "c": self.c, "v": _by_gamma_json(self.v)}
+        if self.c_spread is not None:
+            data.update(repeats=self.repeats, target_step_ms_spread=self.target_step_ms_spread,
+                        c_spread=self.c_spread, v_spread=_by_gamma_json(self.v_spread))
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> StepCostFigures:
+        known = _known(cls, data)
+        return cls(**{**known, "v": _by_gamma(known["v"]), "v_spread": _by_gamma(known.get("v_spread"))})
+
+
+@dataclass(kw_only=True)
+class EngineCheck:
+    """The exported GGUF served by llama-server at export: skipped (and why), or what it drafted and the target
+    accepted; for a draft llama-bench can time, also the engine's step costs, the gamma they recommend for the
+    draft's per-token acceptance and the speedup they predict there."""
+
+    skipped: Optional[str] = None
+    prompts: Optional[int] = None
+    drafted: Optional[int] = None
+    accepted: Optional[int] = None
+    alpha: Optional[float] = None
+    target_tokens_per_s: Optional[float] = None
+    draft_tokens_per_s: Optional[float] = None
+    c: Optional[float] = None
+    v: Optional[dict[int, float]] = None
+    gamma: Optional[int] = None
+    token_acceptance: Optional[float] = None
+    predicted_speedup: Optional[float] = None
+
+    @property
+    def has_step_costs(self) -> bool:
+        return self.c is not None
+
+    def to_json(self) -> dict:
+        if self.skipped is not None:
+            return {"skipped": self.skipped}
+        data = {"prompts": self.prompts, "drafted": self.drafted, "accepted": self.accepted, "alpha": self.alpha}
+        if self.has_step_costs:
+            data.update(target_tokens_per_s=self.target_tokens_per_s, draft_tokens_per_s=self.draft_tokens_per_s,
+                        c=self.c, v=_by_gamma_json(self.v), gamma=self.gamma, token_acceptance=self.token_acceptance,
+                        predicted_speedup=self.predicted_speedup)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> EngineCheck:
+        known = _known(cls, data)
+        return cls(**{**known, "v": _by_gamma(known.get("v"))})
+
+
+@dataclass(kw_only=True)
+class ServingStepCosts:
+    """The step costs of the engine an export is most likely served by (export.json's `step_costs`): what the
+    monitor's break-even threshold is computed from."""
+
+    engine: str  # llama.cpp (llama-bench's) | decoder (this project's decoder, timed in the eval)
+    gamma: int  # the gamma the engines are told
+    c: float
+    v: dict[int, float]
+
+    def to_json(self) -> dict:
+        return {"engine": self.engine, "gamma": self.gamma, "c": self.c, "v": _by_gamma_json(self.v)}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ServingStepCosts:
+        return cls(engine=data["engine"], gamma=int(data["gamma"]), c=float(data["c"]),
+                   v={int(gamma): float(cost) for gamma, cost in data["v"].items()})

@@ -1,0 +1,85 @@
+"""The records rooms hand each other read back what they wrote, through JSON, with the keys kept on disk."""
+
+import json
+
+from decode.export.record import ExportRecord, serving_step_costs_of
+from decode.records import AcceptanceFigures, EngineCheck, ServingStepCosts, StepCostFigures
+from decode.results import EvalResult, ExportResult, load_result, save_result
+
+
+def through_json(data: dict) -> dict:
+    return json.loads(json.dumps(data))
+
+
+def figures(**changes) -> AcceptanceFigures:
+    return AcceptanceFigures(**{"prompts": 4, "tokens": 40, "drafted": 30, "accepted": 18, "rejected": 9, "gamma": 3,
+                                "alpha": 0.6, "alpha_interval": [0.5, 0.7], "token_acceptance": 18 / 27,
+                                "acceptance_by_position": [0.8, 0.6, None], "flags": ["a flag"],
+                                "counts": {"tokens": 40}, **changes})
+
+
+def step_costs(measured: bool) -> StepCostFigures:
+    spreads = dict(repeats=5, target_step_ms_spread=[9.0, 11.0], c_spread=[0.1, 0.3],
+                   v_spread={1: [1.0, 1.2], 2: [1.1, 1.3]}) if measured else {}
+    return StepCostFigures(context=64, target_step_ms=10.0, draft_step_ms=2.0, c=0.2, v={1: 1.1, 2: 1.2}, **spreads)
+
+
+def test_acceptance_figures_read_back_what_they_wrote():
+    written = figures(speedup=1.3, speedup_interval=[1.1, 1.5], c=0.2, v=1.2, recommended_gamma=2)
+    assert AcceptanceFigures.from_json(through_json(written.to_json())) == written
+    assert list(written.to_json())[:7] == ["prompts", "tokens", "drafted", "accepted", "rejected", "copied", "gamma"]
+
+
+def test_step_costs_keep_their_str_keyed_layout_and_spreads_only_when_measured():
+    for measured in (False, True):
+        written = step_costs(measured)
+        data = through_json(written.to_json())
+        assert StepCostFigures.from_json(data) == written
+        assert data["v"] == {"1": 1.1, "2": 1.2}
+        assert ("v_spread" in data) == measured == ("repeats" in data)
+
+
+def test_the_engine_check_writes_only_what_it_measured():
+    skipped = EngineCheck(skipped="llama-server was not found")
+    served = EngineCheck(prompts=2, drafted=20, accepted=12, alpha=0.6)
+    timed = EngineCheck(prompts=2, drafted=20, accepted=12, alpha=0.6, target_tokens_per_s=100.0,
+                        draft_tokens_per_s=400.0, c=0.25, v={1: 1.05, 2: 1.1}, gamma=2, token_acceptance=0.7,
+                        predicted_speedup=1.4)
+    assert skipped.to_json() == {"skipped": "llama-server was not found"}
+    assert set(served.to_json()) == {"prompts", "drafted", "accepted", "alpha"} and not served.has_step_costs
+    assert timed.to_json()["v"] == {"1": 1.05, "2": 1.1}
+    for check in (skipped, served, timed):
+        assert EngineCheck.from_json(through_json(check.to_json())) == check
+
+
+def test_an_eval_result_is_saved_and_loaded_whole(tmp_path):
+    written = EvalResult(draft_fingerprint="abc", prompts=4, gamma=3, before=figures(), after=figures(alpha=0.7),
+                         step_costs=step_costs(True), recommended_gamma=2, speed=figures(speedup=1.2),
+                         draft_alone=figures(copied=0))
+    save_result(tmp_path, written)
+    assert load_result(tmp_path, EvalResult, "abc") == written
+    assert load_result(tmp_path, EvalResult, "another draft") is None
+
+
+def test_an_eval_result_saved_before_the_typed_records_still_loads(tmp_path):
+    before = {key: value for key, value in figures().to_json().items() if key != "copied"}  # as saved before copies
+    saved = {"version": 1, "draft_fingerprint": "abc", "prompts": 4, "gamma": 3, "before": before, "after": before,
+             "step_costs": {"context": 64, "target_step_ms": 10.0, "draft_step_ms": 2.0, "c": 0.2, "v": {"1": 1.1}},
+             "recommended_gamma": 1, "speed": None}
+    (tmp_path / "results").mkdir()
+    (tmp_path / "results" / "eval.json").write_text(json.dumps(saved))
+    loaded = load_result(tmp_path, EvalResult)
+    assert loaded.after.copied == 0 and loaded.step_costs.v == {1: 1.1} and loaded.engine_gamma == 1
+
+
+def test_export_json_reads_back_with_its_serving_step_costs():
+    result = ExportResult(draft_fingerprint="abc", export_path="/tmp/export", gamma=2, evaluated=True,
+                          flags={"vllm": ["vllm", "serve"]}, round_trip={"alpha_hf": 0.5, "engine": {"skipped": "no"}})
+    written = ExportRecord(result=result, worth_serving=True,
+                           step_costs=ServingStepCosts(engine="decoder", gamma=2, c=0.2, v={1: 1.1, 2: 1.2}),
+                           draft_kind="causal_lm", draft_vocab_size=None, files={"vllm": "draft"})
+    data = through_json(written.to_json())
+    assert ExportRecord.from_json(data) == written
+    assert data["step_costs"] == {"engine": "decoder", "gamma": 2, "c": 0.2, "v": {"1": 1.1, "2": 1.2}}
+    assert serving_step_costs_of(data) == written.step_costs and "eagle3" not in data
+    assert result.engine_check == EngineCheck(skipped="no")
