@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from decode.cost_model import DEFAULT_GAMMA, MAX_GAMMA, MIN_GAMMA
 from decode.drafting import Drafter
 from decode.kinds.independent.drafter import IndependentDrafter
 from decode.lookup import copy_proposals
@@ -80,10 +81,10 @@ class GammaPolicy:
     that followed them (decode/lookup.py) instead of the draft's sample; 0: the draft's samples only.
     """
 
-    gamma: int = 3
+    gamma: int = DEFAULT_GAMMA
     dynamic: bool = False
-    min_gamma: int = 2
-    max_gamma: int = 8
+    min_gamma: int = MIN_GAMMA
+    max_gamma: int = MAX_GAMMA
     copy_ngram: int = 0
 
     def __post_init__(self):

@@ -27,8 +27,9 @@ import torch.nn.functional as F
 from safetensors.torch import load_file, save_file
 from torch import nn
 from transformers import LlamaConfig
-from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding
+from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
+from decode.cost_model import DEFAULT_GAMMA
 from decode.errors import PairError
 from decode.files import published
 
@@ -116,11 +117,6 @@ class Eagle3Layer(nn.Module):
         self.self_attn = Eagle3Attention(config)
         self.post_attention_layernorm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.mlp = LlamaMLP(config.layer_config())
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
 
 
 class Eagle3Head(nn.Module):
@@ -270,13 +266,13 @@ def head_state_dict(head: Eagle3Head) -> dict[str, torch.Tensor]:
             if not name.startswith("rotary_emb.") and not (full_vocabulary and name in ("d2t", "t2d"))}
 
 
-def save_head(head: Eagle3Head, directory: Path, gamma: int = 3, verifier: str | None = None) -> None:
+def save_head(head: Eagle3Head, directory: Path, gamma: int = DEFAULT_GAMMA, verifier: str | None = None) -> None:
     """config.json + model.safetensors, written into a staging directory and renamed into place."""
     with published(Path(directory), directory=True) as staging:
         save_head_files(head, staging, gamma, verifier)
 
 
-def save_head_files(head: Eagle3Head, directory: Path, gamma: int = 3, verifier: str | None = None) -> None:
+def save_head_files(head: Eagle3Head, directory: Path, gamma: int = DEFAULT_GAMMA, verifier: str | None = None) -> None:
     directory.mkdir(parents=True, exist_ok=True)
     config = speculators_config(head.config, gamma, verifier)
     (directory / "config.json").write_text(json.dumps(config, indent=2) + "\n")
