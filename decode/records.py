@@ -11,6 +11,16 @@ from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
 
+def format_figure(value, spec: str = ".3f") -> str:
+    """A figure as the summary and the model card print it; "-" where there is none."""
+    return format(value, spec) if isinstance(value, (int, float)) else "-"
+
+
+def format_interval(bounds, spec: str = ".3f") -> str:
+    """ [low, high] after a figure; nothing where there is no interval."""
+    return f" [{bounds[0]:{spec}}, {bounds[1]:{spec}}]" if bounds else ""
+
+
 def _known(cls, data: dict) -> dict:
     """The entries of `data` that are fields of `cls` (a record written by another version may have more)."""
     names = {f.name for f in fields(cls)}

@@ -21,6 +21,7 @@ from decode.models import model_fingerprint
 from decode.kinds.registry import KINDS, kind_named
 from decode.pair import load_pair
 from decode.precision import SETTINGS as AUTOCAST_SETTINGS
+from decode.records import format_figure, format_interval
 from decode.export.stage import run_export
 from distill.conversations import chat_prompt_ids
 from distill.data import load_domain_prompts, shipped_domains
@@ -173,8 +174,9 @@ def format_summary(summary: dict, run_dir: Path) -> str:
     if trained and trained.validation_acceptance_end is not None:
         steps = trained.validation_acceptance_steps
         lines.append(f"expected acceptance sum(min(p, q)) on validation answers during training: "
-                     f"{_number(trained.validation_acceptance_start)} -> {_number(trained.validation_acceptance_end)}"
-                     + (f" (draft steps 1-{len(steps)}: {', '.join(map(_number, steps))})" if steps else ""))
+                     f"{format_figure(trained.validation_acceptance_start)} -> "
+                     f"{format_figure(trained.validation_acceptance_end)}"
+                     + (f" (draft steps 1-{len(steps)}: {', '.join(map(format_figure, steps))})" if steps else ""))
     stages = summary.get("stage_seconds", {})
     lines.append("time per stage: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in stages.items()))
     if trained:
@@ -193,17 +195,17 @@ def _eval_lines(evaluated: EvalResult) -> list[str]:
         f" (the untrained draft on the first {before.prompts})"
     lines = [f"held-out acceptance, {evaluated.prompts} prompts{untrained_on}, gamma {evaluated.gamma}, "
              f"[95% interval over prompts]:",
-             f"  per-token acceptance = accepted/tested: {_number(before.token_acceptance)} -> "
-             f"{_number(after.token_acceptance)}{_interval(after.token_acceptance_interval)}",
-             f"  alpha = accepted/drafted (what vLLM and llama.cpp count): {_number(before.alpha)} -> "
-             f"{_number(after.alpha)}{_interval(after.alpha_interval)}",
-             f"  mean accepted length {_number(after.mean_accepted_length, '.2f')} tokens/round"]
+             f"  per-token acceptance = accepted/tested: {format_figure(before.token_acceptance)} -> "
+             f"{format_figure(after.token_acceptance)}{format_interval(after.token_acceptance_interval)}",
+             f"  alpha = accepted/drafted (what vLLM and llama.cpp count): {format_figure(before.alpha)} -> "
+             f"{format_figure(after.alpha)}{format_interval(after.alpha_interval)}",
+             f"  mean accepted length {format_figure(after.mean_accepted_length, '.2f')} tokens/round"]
     alone = evaluated.draft_alone
     if alone:
         lines.append(f"  the figures above are with context copies (decode.copy_ngram); the draft alone, as "
-                     f"vLLM, SGLang and llama.cpp serve it: per-token {_number(alone.token_acceptance)}"
-                     f"{_interval(alone.token_acceptance_interval)}, alpha {_number(alone.alpha)}"
-                     f"{_interval(alone.alpha_interval)}")
+                     f"vLLM, SGLang and llama.cpp serve it: per-token {format_figure(alone.token_acceptance)}"
+                     f"{format_interval(alone.token_acceptance_interval)}, alpha {format_figure(alone.alpha)}"
+                     f"{format_interval(alone.alpha_interval)}")
     costs = evaluated.step_costs
     if costs:
         gamma = evaluated.recommended_gamma
@@ -212,18 +214,10 @@ def _eval_lines(evaluated: EvalResult) -> list[str]:
     speed = evaluated.speed
     if speed and speed.speedup is not None:
         lines.append(f"speed at gamma {speed.gamma} on {speed.prompts} prompts one request at a time, AR "
-                     f"interleaved: {_number(speed.tokens_per_s, '.1f')} vs AR "
-                     f"{_number(speed.ar_tokens_per_s, '.1f')} tok/s = {speed.speedup:.2f}x"
-                     f"{_interval(speed.speedup_interval, '.2f')} (predicted "
-                     f"{_number(speed.predicted_speedup, '.2f')}x from c, v and acceptance)")
+                     f"interleaved: {format_figure(speed.tokens_per_s, '.1f')} vs AR "
+                     f"{format_figure(speed.ar_tokens_per_s, '.1f')} tok/s = {speed.speedup:.2f}x"
+                     f"{format_interval(speed.speedup_interval, '.2f')} (predicted "
+                     f"{format_figure(speed.predicted_speedup, '.2f')}x from c, v and acceptance)")
     if evaluated.verdict:
         lines.append(f"NOT RECOMMENDED: {evaluated.verdict}")
     return lines
-
-
-def _number(value, spec=".3f") -> str:
-    return format(value, spec) if isinstance(value, (int, float)) else "-"
-
-
-def _interval(bounds, spec=".3f") -> str:
-    return f" [{bounds[0]:{spec}}, {bounds[1]:{spec}}]" if bounds else ""

@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from decode.export.record import ExportRecord
-from decode.records import AcceptanceFigures, EngineCheck
+from decode.records import AcceptanceFigures, EngineCheck, format_figure, format_interval
 from decode.results import EvalResult, GenerateResult, TrainResult
 
 
@@ -69,11 +69,12 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
                 f"configured decode.gamma (run stages=[eval,export] export.overwrite=true for measured figures)"]
     before, after = evaluated.before, evaluated.after
     lines = [f"- held-out acceptance on {evaluated.prompts} prompts (speculative decoding at gamma "
-             f"{evaluated.gamma}; 95% intervals over prompts): per-token acceptance {_figure(before.token_acceptance)}"
-             f" before training{_untrained_on(before, evaluated.prompts)}, {_figure(after.token_acceptance)}"
-             f"{_interval(after.token_acceptance_interval)} "
-             f"after; alpha = accepted/drafted {_figure(before.alpha)} -> {_figure(after.alpha)}"
-             f"{_interval(after.alpha_interval)}"]
+             f"{evaluated.gamma}; 95% intervals over prompts): per-token acceptance "
+             f"{format_figure(before.token_acceptance)}"
+             f" before training{_untrained_on(before, evaluated.prompts)}, {format_figure(after.token_acceptance)}"
+             f"{format_interval(after.token_acceptance_interval)} "
+             f"after; alpha = accepted/drafted {format_figure(before.alpha)} -> {format_figure(after.alpha)}"
+             f"{format_interval(after.alpha_interval)}"]
     if evaluated.draft_alone:
         lines.append(f"- these figures are with context copies (decode.copy_ngram), which only this project's "
                      f"decoder runs; the draft alone, as vLLM, SGLang and llama.cpp serve it: "
@@ -86,27 +87,21 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
     speed = evaluated.speed
     if speed and speed.speedup is not None:
         lines.append(f"- speed at gamma {speed.gamma}: {speed.speedup:.2f}x our autoregressive decoding"
-                     f"{_interval(speed.speedup_interval, '.2f')} "
-                     f"(predicted {_figure(speed.predicted_speedup, '.2f')}x)")
+                     f"{format_interval(speed.speedup_interval, '.2f')} "
+                     f"(predicted {format_figure(speed.predicted_speedup, '.2f')}x)")
     return lines
 
 
 def _acceptance(figures: AcceptanceFigures) -> str:
-    return (f"per-token acceptance {_figure(figures.token_acceptance)}"
-            f"{_interval(figures.token_acceptance_interval)}, alpha {_figure(figures.alpha)}"
-            f"{_interval(figures.alpha_interval)}")
+    return (f"per-token acceptance {format_figure(figures.token_acceptance)}"
+            f"{format_interval(figures.token_acceptance_interval)}, alpha {format_figure(figures.alpha)}"
+            f"{format_interval(figures.alpha_interval)}")
 
 
 def _untrained_on(before: AcceptanceFigures, prompts: int) -> str:
     return "" if before.prompts == prompts else f" (on the first {before.prompts} of them)"
 
 
-def _figure(value, spec=".3f") -> str:
-    return format(value, spec) if isinstance(value, (int, float)) else "-"
-
-
-def _interval(bounds, spec=".3f") -> str:
-    return f" [{bounds[0]:{spec}}, {bounds[1]:{spec}}]" if bounds else ""
 
 
 def _engine_lines(engine: EngineCheck | None) -> list[str]:
