@@ -13,7 +13,7 @@ import json
 import logging
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Optional, TypeVar
+from typing import List, Optional, TypeVar
 
 from decode.files import write_json
 from decode.records import AcceptanceFigures, EngineCheck, StepCostFigures
@@ -46,6 +46,8 @@ class GenerateResult(PlainRecord):
     validation_answers: int
     autocast: Optional[str] = None  # the precision of the target's forwards, when this run generated them
     autocast_speedup: Optional[float] = None
+    # target-labelled tokens per CPU-minute of the answers made (distill/throughput.py), then the bound's
+    label_rates: List[dict] = field(default_factory=list)
 
 
 @dataclass
@@ -57,12 +59,14 @@ class TrainResult(PlainRecord):
     final_loss: float
     autocast: str
     autocast_speedup: Optional[float] = None
+    answer_tokens: int = 0  # target-labelled answer tokens of the target's answers trained on (on-policy ones apart)
     # sum(min(p, q)) on the validation answers, before and after (start: None on a resumed run)
     validation_acceptance_start: Optional[float] = None
     validation_acceptance_end: Optional[float] = None
     draft_vocab_size: Optional[int] = None  # None: the full vocabulary
     on_policy_samples: int = 0
     on_policy_seconds: float = 0.0
+    on_policy_labels: List[dict] = field(default_factory=list)  # each refresh's target-labelled tokens per minute
     # EAGLE-3 heads: validation acceptance of each draft step at the end (the first is validation_acceptance_end),
     # and the target's capture-layer states the head reads (decode/kinds/eagle3/features.py): the seconds of the
     # forwards that computed them (a rerun reuses them and reports the first computation's), their tokens, and

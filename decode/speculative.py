@@ -32,7 +32,7 @@ from decode.kinds.independent.drafter import IndependentDrafter
 from decode.lookup import copy_proposals
 from decode.metrics import DecodeMetrics, PhaseTimer
 from decode.runner import CausalLMRunner
-from decode.sampling import SamplingParams, probs_from_logits, sample
+from decode.sampling import SamplingParams, probs_from_logits, sample, sample_from_logits
 
 
 def acceptance_mask(target_token_probs: torch.Tensor, draft_token_probs: torch.Tensor,
@@ -249,7 +249,7 @@ class _Batch:
         logits = self.decoder.target.forward(prompt_block, start, self.longest_prompt, logits_at=last_prompt_position)
         self.target_hidden = self.decoder.target.captured
         self._record(logits[:, 0])
-        first = sample(probs_from_logits(logits[:, 0], sampling), self.generator)
+        first = sample_from_logits(logits[:, 0], sampling, self.generator)
         self._emit(first[:, None], torch.ones_like(first))
 
     def autoregressive_step(self, sampling: SamplingParams, timer: PhaseTimer) -> None:
@@ -258,7 +258,7 @@ class _Batch:
         logits = self.decoder.target.forward(self.tokens.gather(1, start[:, None]), start, self._kv_len(1))
         timer.add("verify", started)
         self._record(logits[:, 0])
-        next_tokens = sample(probs_from_logits(logits[:, 0], sampling), self.generator)
+        next_tokens = sample_from_logits(logits[:, 0], sampling, self.generator)
         self._count_round(0)
         self._emit(next_tokens[:, None], torch.ones_like(next_tokens))
 

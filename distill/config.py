@@ -41,6 +41,7 @@ class GenerateConfig:
     max_train_prompts: int = 400
     max_validation_prompts: int = 24  # the training-time metric; never the eval prompts
     max_new_tokens: int = 64
+    answers_per_prompt: int = 1  # the target's answers to each training prompt (sampled, so each differs)
     batch_size: int = 32
     top_k_logprobs: int = 64  # the target's distribution kept per answer token: its k most likely tokens
     autocast: str = "auto"  # bf16 autocast of the target's forwards: auto (CPU: only where measured faster) | bf16 | off

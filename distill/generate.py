@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import time
 from pathlib import Path
 
 import datasets
@@ -29,11 +30,15 @@ from decode.speculative import SpeculativeDecoder
 from distill.conversations import regenerated_turns
 from distill.data import Prompt
 from distill.served_answers import IN_PROCESS, ServedAnswers
+from distill.throughput import LabelRate
 
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 2
 PROBE_CACHE = 64  # slots a timed decode step of `auto` attends to
+LABEL_BATCH = 8  # sequences of one teacher-forced labelling forward
+LABEL_PROBE_TOKENS = 64  # tokens a row of the timed labelling forward of `auto`
+BOUND_SEQUENCES = 32  # sequences of a source's own whose labelling the bound times
 
 
 def cache_key(target_fingerprint: str, domain: str, prompts: list[Prompt], sampling: SamplingParams,
@@ -80,6 +85,25 @@ def generation_precision(runner: CausalLMRunner, setting: str, batch_size: int) 
     return choose_precision(setting, runner.device.type, speedup, "generate")
 
 
+def labelling_precision(runner: CausalLMRunner, setting: str, batch_size: int = LABEL_BATCH) -> Precision:
+    """The precision of the runner's teacher-forced forwards (score_answers) for `setting`; on a CPU `auto` times
+    one forward of batch_size rows of LABEL_PROBE_TOKENS tokens. It can differ from generation's choice: a forward
+    over whole sequences is matmul-bound where a decode step is not."""
+    def speedup() -> float | None:
+        tokens = torch.zeros(batch_size, LABEL_PROBE_TOKENS, dtype=torch.long, device=runner.device)
+        start = torch.zeros(batch_size, dtype=torch.long, device=runner.device)
+
+        def forward():
+            runner.reset(batch_size, LABEL_PROBE_TOKENS)
+            return runner.forward(tokens, start, LABEL_PROBE_TOKENS)
+
+        measured = cpu_bf16_speedup(forward, batch_size * LABEL_PROBE_TOKENS, runner.model.config.hidden_size)
+        runner.free()
+        return measured
+
+    return choose_precision(setting, runner.device.type, speedup, "target labelling")
+
+
 def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids: list[list[int]],
                    sampling: SamplingParams, max_new_tokens: int, batch_size: int, seed: int,
                    description: str = "generate", show_progress: bool = True, top_k_logprobs: int = 0,
@@ -110,7 +134,7 @@ def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids:
 
 
 def score_answers(runner: CausalLMRunner, records: list[dict], top_k_logprobs: int,
-                  precision: Precision = FLOAT32, batch_size: int = 8) -> list[dict]:
+                  precision: Precision = FLOAT32, batch_size: int = LABEL_BATCH) -> list[dict]:
     """Add the runner model's top-k log-probabilities at the answer positions of sequences it did not write
     (on-policy samples from the draft, scored by the target): one forward per batch of sequences of
     similar length, right-padded (a causal model's logits at a position never see the padding after it)."""
@@ -136,6 +160,17 @@ def score_answers(runner: CausalLMRunner, records: list[dict], top_k_logprobs: i
             record["target_top_logprobs"] = top.values[row, :length].tolist()
     runner.free()
     return records
+
+
+def labelling_bound(runner: CausalLMRunner, records: list[dict], top_k_logprobs: int, precision: Precision,
+                    batch_size: int = LABEL_BATCH) -> LabelRate:
+    """The target's top-k at the answer tokens of (up to BOUND_SEQUENCES of) `records`, timed: what any source's
+    tokens cost at least, one teacher-forced forward per batch. The records are left as they were."""
+    sample = [{"input_ids": r["input_ids"], "prompt_length": r["prompt_length"]} for r in records[:BOUND_SEQUENCES]]
+    began = time.perf_counter()
+    score_answers(runner, sample, top_k_logprobs, precision, batch_size)
+    return LabelRate("teacher-forced bound", sum(len(r["input_ids"]) - r["prompt_length"] for r in sample),
+                     time.perf_counter() - began)
 
 
 def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprint: str, sampling: SamplingParams,

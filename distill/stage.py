@@ -8,6 +8,8 @@ prompts here, once the target is loaded (distill/magpie.py with_target_written_p
 from __future__ import annotations
 
 import logging
+import time
+from dataclasses import replace
 
 import datasets
 
@@ -19,7 +21,9 @@ from decode.precision import FLOAT32
 from distill.config import DomainConfig, GenerateConfig
 from decode.results import GenerateResult
 from distill.data import DomainPrompts, components_count
-from distill.generate import cache_key, dataset_directory, generate_dataset, generation_precision, load_cached_dataset
+from distill.generate import (BOUND_SEQUENCES, cache_key, dataset_directory, generate_dataset, generation_precision,
+                              labelling_bound, labelling_precision, load_cached_dataset)
+from distill.throughput import LabelRate
 from distill.magpie import with_target_written_prompts
 from distill.served_answers import answer_source, answering_server
 
@@ -28,9 +32,12 @@ log = logging.getLogger(__name__)
 
 def training_prompts(prompts: DomainPrompts, settings: GenerateConfig) -> dict:
     """The prompts the target answers: split name -> prompts. The first of each split: a mix's splits take its
-    components in turn (distill/data.py mixed_prompts), so these hold as many of each."""
-    return {"train": prompts.train[: settings.max_train_prompts],
-            "validation": prompts.validation[: settings.max_validation_prompts]}
+    components in turn (distill/data.py mixed_prompts), so these hold as many of each. Each training prompt is
+    answered generate.answers_per_prompt times (its copies' ids end in ~1, ~2, ...)."""
+    train = prompts.train[: settings.max_train_prompts]
+    train = train + [replace(prompt, id=f"{prompt.id}~{copy}") for copy in range(1, settings.answers_per_prompt)
+                     for prompt in train]
+    return {"train": train, "validation": prompts.validation[: settings.max_validation_prompts]}
 
 
 def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConfig, decode: DecodeConfig,
@@ -50,7 +57,7 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
             for split, split_prompts in training_prompts(prompts, settings).items():
                 log.info("domain %s, %s prompts by component: %s", domain.name, split,
                          ", ".join(f"{name} {count}" for name, count in components_count(split_prompts).items()))
-    found, where, precision = {}, {}, None
+    found, where, precision, rates = {}, {}, None, []
     with answering_server(settings, ctx.target_spec, ctx.pair.eos_token_ids,
                           ctx.run_dir / "generate_server.log") as served:
         for split, split_prompts in training_prompts(prompts, settings).items():
@@ -62,10 +69,13 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                 if served is None:
                     precision = precision or generation_precision(ctx.pair.target_runner(), settings.autocast,
                                                                   settings.batch_size)
+                began = time.perf_counter()
                 dataset, directory, _ = generate_dataset(
                     ctx.pair, split_prompts, name, fingerprint, sampling, settings.max_new_tokens,
                     settings.batch_size, ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator,
                     precision or FLOAT32, served)
+                if split == "train":
+                    rates = _label_rates(ctx, settings, dataset, time.perf_counter() - began, source)
             elif create:
                 log.info("reusing the target's answers from %s", directory)
             if dataset is None:
@@ -75,4 +85,18 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
     return found, GenerateResult(train_data=where["train"], validation_data=where["validation"],
                                  train_answers=len(found["train"]), validation_answers=len(found["validation"]),
                                  autocast=precision.name if precision else None,
-                                 autocast_speedup=precision.speedup if precision else None)
+                                 autocast_speedup=precision.speedup if precision else None, label_rates=rates)
+
+
+def _label_rates(ctx: RunContext, settings: GenerateConfig, answers: datasets.Dataset, seconds: float,
+                 source: str) -> list[dict]:
+    """Target-labelled tokens per CPU-minute of the answers just made, logged beside the bound: the same tokens
+    labelled by one teacher-forced forward of the target here (distill/throughput.py)."""
+    made = LabelRate(f"the target answers ({source})", sum(len(ids) - length for ids, length in
+                                                           zip(answers["input_ids"], answers["prompt_length"])),
+                     seconds)
+    runner = ctx.pair.target_runner()
+    bound = labelling_bound(runner, answers.select(range(min(BOUND_SEQUENCES, len(answers)))).to_list(),
+                            settings.top_k_logprobs, labelling_precision(runner, settings.autocast))
+    log.info("%s", made.line(bound))
+    return [made.summary(), bound.summary()]

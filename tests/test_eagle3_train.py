@@ -349,6 +349,6 @@ def test_lora_and_on_policy_are_refused_for_a_head_before_any_work(pair, tmp_pat
     ctx = stage_context(pair, tmp_path / "run")  # no answers for it: the refusal comes first
     with pytest.raises(ConfigError, match="method.lora is not supported for pair.draft.kind=eagle3"):
         run_train(ctx, settings(lora=LoraSettings()), DOMAIN, GENERATE, DECODE, PROMPTS)
-    with pytest.raises(ConfigError, match="on_policy_fraction is not supported"):
-        run_train(ctx, settings(on_policy_fraction=0.5), DOMAIN, GENERATE, DECODE, PROMPTS)
+    with pytest.raises(ConfigError, match="on_policy_answers is not supported"):
+        run_train(ctx, settings(on_policy_answers=1), DOMAIN, GENERATE, DECODE, PROMPTS)
     assert not ctx.draft_dir.exists()

@@ -1,4 +1,5 @@
-"""On-policy data: the current draft's answers, scored by the target, mixed into training."""
+"""On-policy data: the current draft's answers, labelled by the target in one teacher-forced forward, trained on
+from an epoch on."""
 
 import copy
 
@@ -14,10 +15,10 @@ from test_train_pipeline import make_recipe, tiny_examples  # noqa: F401,F811 (f
 PROMPTS = ["hi", "write code", "add 2 and 3", "translate: chat", "a b c", "why?", "sort a list", "sum 1..n"]
 
 
-def sampler(pair, seed=0):
+def sampler(pair, seed=0, answers_per_prompt=1):
     return OnPolicySampler(pair.target_runner(), pair.encode_chat(PROMPTS), pair.eos_token_ids, pair.vocab_size,
                            SamplingParams(temperature=0.7, top_p=0.9), max_new_tokens=12, batch_size=3,
-                           top_k_logprobs=8, max_length=512, seed=seed)
+                           top_k_logprobs=16, max_length=512, seed=seed, answers_per_prompt=answers_per_prompt)
 
 
 def answers_of(examples):
@@ -26,25 +27,36 @@ def answers_of(examples):
 
 def test_on_policy_samples_come_from_the_current_draft(tiny_pair):
     on_policy, draft = sampler(tiny_pair), copy.deepcopy(tiny_pair.draft).float()
-    chosen = on_policy.prompts_for(0, 6)
-    first = on_policy.sample(draft, chosen, refresh=0)
-    assert answers_of(on_policy.sample(draft, chosen, refresh=0)) == answers_of(first)  # same weights, same draws
+    chosen = on_policy.prompts_for(0)[:6]
+    first, rate = on_policy.sample(draft, chosen, refresh=0)
+    assert rate.tokens == sum(len(e.input_ids) - e.prompt_length for e in first) and rate.seconds > 0
+    assert set(rate.parts) == {"draft writes", "target labels"}
+    assert answers_of(on_policy.sample(draft, chosen, refresh=0)[0]) == answers_of(first)  # same weights, same draws
     with torch.no_grad():
-        draft.lm_head.weight.add_(torch.randn_like(draft.lm_head.weight, generator=torch.Generator().manual_seed(1)))
-    changed = on_policy.sample(draft, chosen, refresh=0)
+        draft.lm_head.weight.mul_(-1.0)  # another draft: other answers
+    changed = on_policy.sample(draft, chosen, refresh=0)[0]
     assert answers_of(changed) != answers_of(first)
-    assert [e.input_ids[: e.prompt_length] for e in changed] == [e.input_ids[: e.prompt_length] for e in first]
-    # the answers are exactly the draft's own samples under the decoder's sampling settings
-    own = answer_prompts(make_runner(draft.eval(), tiny_pair.vocab_size), tiny_pair.eos_token_ids, [on_policy.prompt_ids[i] for i in chosen], on_policy.sampling,
-                         12, 3, seed=0, show_progress=False)
-    assert answers_of(changed) == [a["input_ids"][a["prompt_length"]:] for a in own]
+    # the target labels each answer token: its top-k there, as a forward of the whole sequence gives it
+    own = answer_prompts(make_runner(draft.eval(), tiny_pair.vocab_size), tiny_pair.eos_token_ids,
+                         [on_policy.prompt_ids[i] for i in chosen], on_policy.sampling, 12, 3, seed=0,
+                         show_progress=False)
+    assert [a["input_ids"][a["prompt_length"]:] for a in own] == answers_of(changed)
 
 
-def test_each_refresh_draws_its_own_prompts_the_same_way_every_time(tiny_pair):
-    on_policy = sampler(tiny_pair)
-    assert on_policy.prompts_for(3, 6) == on_policy.prompts_for(3, 6)
-    assert on_policy.prompts_for(3, 6) != on_policy.prompts_for(4, 6)
-    assert sorted(on_policy.prompts_for(0, len(PROMPTS))) == list(range(len(PROMPTS)))
+def test_the_on_policy_source_is_a_function_of_the_seed(tiny_pair):
+    """Two runs with one seed write and label the same answers; another seed gives other answers."""
+    draft = copy.deepcopy(tiny_pair.draft).float()
+    first = sampler(tiny_pair, seed=5, answers_per_prompt=2)
+    again = sampler(tiny_pair, seed=5, answers_per_prompt=2)
+    assert first.prompts_for(3) == again.prompts_for(3) != first.prompts_for(4)
+    assert sorted(first.prompts_for(0)) == sorted(list(range(len(PROMPTS))) * 2)
+    examples, _ = first.sample(draft, first.prompts_for(0), refresh=0)
+    repeated, _ = again.sample(draft, again.prompts_for(0), refresh=0)
+    assert [(e.input_ids, e.target_top_ids) for e in examples] == [(e.input_ids, e.target_top_ids) for e in repeated]
+    for one, other in zip(examples, repeated):
+        assert one.target_top_logprobs == other.target_top_logprobs
+    other_seed = sampler(tiny_pair, seed=6, answers_per_prompt=2)
+    assert answers_of(other_seed.sample(draft, first.prompts_for(0), refresh=0)[0]) != answers_of(examples)
 
 
 def test_batched_scoring_equals_scoring_each_sequence_alone(tiny_pair):
@@ -61,23 +73,41 @@ def test_batched_scoring_equals_scoring_each_sequence_alone(tiny_pair):
         assert [ids[0] for ids in many["target_top_ids"]] == [ids[0] for ids in one["target_top_ids"]]
 
 
+def test_teacher_forced_labels_equal_the_top_k_that_generation_records(tiny_pair):
+    """One forward over an answer the target wrote gives, at every answer token, the top-k that the target recorded
+    while it wrote it: the labels of the text a source did not decode are the labels decoding would have made."""
+    runner = tiny_pair.target_runner()
+    answers = answer_prompts(runner, tiny_pair.eos_token_ids, tiny_pair.encode_chat(PROMPTS),
+                             SamplingParams(temperature=0.7, top_p=0.9), 16, 4, seed=2, show_progress=False,
+                             top_k_logprobs=8)
+    labelled = score_answers(runner, [{"input_ids": a["input_ids"], "prompt_length": a["prompt_length"]}
+                                      for a in answers], 8, batch_size=3)
+    for recorded, forced in zip(answers, labelled):
+        assert len(forced["target_top_ids"]) == len(recorded["target_top_ids"]) > 0
+        torch.testing.assert_close(torch.tensor(forced["target_top_logprobs"]),
+                                   torch.tensor(recorded["target_top_logprobs"]), rtol=1e-4, atol=1e-4)
+        assert forced["target_top_ids"] == recorded["target_top_ids"]
+
+
 @pytest.mark.parametrize("kept", [False, True])
-def test_training_mixes_fresh_draft_samples_into_every_step(tiny_pair, tiny_examples, tmp_path, kept):
+def test_epochs_from_the_chosen_one_train_on_the_draft_answers_of_their_start(tiny_pair, tiny_examples, tmp_path,
+                                                                            kept):
     kept_ids = sorted(set(range(64)) | set(tiny_pair.eos_token_ids)) if kept else None
     draft = copy.deepcopy(tiny_pair.draft).float().train()
     if kept_ids:
         draft.config.draft_vocab = kept_ids
     recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, draft=draft, on_policy=sampler(tiny_pair),
-                         on_policy_fraction=0.5, on_policy_every=2, max_steps=4, lr=1e-2)
-    assert (recipe.on_policy_per_step, recipe.offline_per_step) == (2, 2)
-    first_pool = recipe._on_policy_examples(0)
-    assert first_pool == recipe.on_policy_pool[:2] and recipe.on_policy_refresh == 0
+                         on_policy_answers=1, on_policy_from_epoch=1, epochs=3, max_steps=None, lr=1e-2)
+    # 4 sequences a step: epoch 0 the 6 target answers (2 steps), epochs 1 and 2 with 8 draft answers (4 steps)
+    assert [recipe._epoch_steps(epoch) for epoch in range(3)] == [2, 4, 4] and recipe.total_steps == 10
+    assert recipe._on_policy_examples(0) == [] and recipe.on_policy_refresh == -1
     history = recipe.train()
-    assert recipe.on_policy_refresh == 1 and history["on_policy_samples"] == 2 * 4
-    # the second refresh sampled the trained draft: its answers differ from what the start draft gives there
+    assert recipe.on_policy_refresh == 2 and history["on_policy_samples"] == 2 * len(PROMPTS)
+    assert len(history["on_policy_labels"]) == 2 and history["on_policy_labels"][0]["tokens_per_minute"] > 0
+    # the last refresh sampled the draft as trained by then: its answers differ from what the start draft gives
     start_draft = copy.deepcopy(tiny_pair.draft).float()
     start_draft.config.draft_vocab = kept_ids
-    start_draft_pool = recipe.on_policy.sample(start_draft, recipe.on_policy.prompts_for(1, 4), refresh=1)
+    start_draft_pool, _ = recipe.on_policy.sample(start_draft, recipe.on_policy.prompts_for(2), refresh=2)
     assert answers_of(recipe.on_policy_pool) != answers_of(start_draft_pool)
 
 
@@ -86,7 +116,8 @@ def test_a_resumed_run_trains_on_the_samples_it_was_training_on(tiny_pair, tiny_
     would give other sequences, and another draft than a run never stopped."""
     def recipe(directory):
         return make_recipe(tiny_pair, tiny_examples, tmp_path / directory, on_policy=sampler(tiny_pair),
-                           on_policy_fraction=0.5, on_policy_every=2, max_steps=4, checkpoint_every=3, lr=1e-2)
+                           on_policy_answers=1, on_policy_from_epoch=1, epochs=2, max_steps=None,
+                           checkpoint_every=4, lr=1e-2)
 
     straight = recipe("straight")
     straight.train()
@@ -94,7 +125,7 @@ def test_a_resumed_run_trains_on_the_samples_it_was_training_on(tiny_pair, tiny_
     step_once = crashed._optimizer_step
 
     def crash_in_the_last_step(micro_batches):
-        if crashed.step == 3:
+        if crashed.step == 5:
             raise KeyboardInterrupt
         return step_once(micro_batches)
 
@@ -103,7 +134,7 @@ def test_a_resumed_run_trains_on_the_samples_it_was_training_on(tiny_pair, tiny_
         crashed.train()
     resumed = recipe("crashed")
     resumed.train()
-    assert resumed.on_policy_samples == 0, "the pool came from the checkpoint, not from new samples"
+    assert resumed.on_policy_samples_per_refresh == [], "the pool came from the checkpoint, not from new samples"
     expected, got = straight.trained_draft().state_dict(), resumed.trained_draft().state_dict()
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], rtol=1e-5, atol=1e-6)

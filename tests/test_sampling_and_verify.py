@@ -133,3 +133,27 @@ def test_sampling_never_draws_a_zero_probability_token():
     probs = torch.tensor([[0.0, 0.5, 0.0, 0.5, 0.0]]).expand(50_000, 5)
     drawn = sample(probs, torch.Generator().manual_seed(3))
     assert set(drawn.tolist()) == {1, 3}
+
+
+@pytest.mark.parametrize("params", [SamplingParams(temperature=0.7, top_p=0.9), SamplingParams(temperature=1.3, top_k=40),
+                                    SamplingParams(temperature=0.7, top_k=200, top_p=0.8),
+                                    SamplingParams(temperature=1.0, top_p=0.999)])
+def test_sampling_among_the_candidates_draws_what_the_whole_distribution_draws(params):
+    """The autoregressive step's draw (sample_from_logits) lands on the token that sample(probs_from_logits(...))
+    gives for the same uniform, the wide nucleus (top_p 0.999, over the candidates) by the full path."""
+    from decode.sampling import NUCLEUS_CANDIDATES, sample_from_logits
+
+    logits = torch.randn(64, 20 * NUCLEUS_CANDIDATES, generator=torch.Generator().manual_seed(1)) * 3
+    for seed in range(20):
+        fast = sample_from_logits(logits, params, torch.Generator().manual_seed(seed))
+        full = sample(probs_from_logits(logits, params), torch.Generator().manual_seed(seed))
+        assert torch.equal(fast, full)
+
+
+def test_sampling_among_the_candidates_keeps_ties_at_the_kth_logit():
+    from decode.sampling import sample_from_logits
+
+    logits = torch.zeros(20_000, 2048)
+    logits[:, :3] = 5.0  # top_k=2 with three tied: all three stay in, as probs_from_logits keeps them
+    drawn = sample_from_logits(logits, SamplingParams(temperature=1.0, top_k=2), torch.Generator().manual_seed(0))
+    assert set(drawn.tolist()) == {0, 1, 2}

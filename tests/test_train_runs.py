@@ -153,11 +153,17 @@ def test_two_accelerate_processes_share_generation_and_training(tmp_path, cache)
     assert summary["train"]["steps"] == 2 and (tmp_path / "run" / "draft" / "model.safetensors").is_file()
 
 
-def test_on_policy_mixing_samples_the_draft_every_few_steps(tmp_path, cache):
+def test_on_policy_answers_and_more_answers_per_prompt_feed_training(tmp_path, cache):
     run_dir = tmp_path / "run"
-    # 4 sequences a step, 2 of them the draft's own: fresh samples before steps 0 and 2
-    run(train_command("method.on_policy_fraction=0.5", "method.on_policy_every=2", "stages=[generate,train]",
-                      f"run_dir={run_dir}"), cache)
+    # 8 prompts answered twice by the target; 4 sequences a step: epoch 0 is steps 0-3, and step 4 starts epoch 1,
+    # for which the draft answers every prompt once and the target labels the answers
+    result = run(train_command("generate.answers_per_prompt=2", "method.on_policy_answers=1", "method.max_steps=5",
+                               "stages=[generate,train]", f"run_dir={run_dir}"), cache)
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["train"]["on_policy_samples"] == 8 and summary["train"]["examples"] == 8
-    assert summary["train"]["on_policy_seconds"] > 0
+    assert summary["generate"]["train_answers"] == 16 and summary["train"]["examples"] == 16
+    assert summary["train"]["on_policy_samples"] == 8 and summary["train"]["on_policy_seconds"] > 0
+    made, bound = summary["generate"]["label_rates"]
+    assert made["tokens"] > 0 and bound["source"] == "teacher-forced bound" and bound["tokens_per_minute"] > 0
+    printed = result.stdout + result.stderr
+    assert "target-labelled tokens" in printed and "tokens per CPU-minute" in printed
+    assert "of the draft's own answers labelled by the target" in printed

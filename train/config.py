@@ -49,8 +49,11 @@ class MethodConfig:
     max_grad_norm: float = 1.0
     train_embeddings: bool = True
     prune_vocab: int = 8192  # keep the K tokens with the most target probability in the training data (0: all)
-    on_policy_fraction: float = 0.0  # share of each step's sequences that are the current draft's own answers
-    on_policy_every: int = 8  # steps between fresh samples from the draft
+    # on-policy data (distill/on_policy.py): from epoch on_policy_from_epoch (0-based) on, each epoch starts with the
+    # draft as it is then answering every training prompt on_policy_answers times, the target labelling the answers
+    # in one teacher-forced forward a batch; the epoch trains on them beside the target's answers (0: off)
+    on_policy_answers: int = 0
+    on_policy_from_epoch: int = 1
     checkpoint_every: int = 24
     keep_checkpoints: int = 2
     eval_every: int = 24

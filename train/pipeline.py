@@ -50,15 +50,19 @@ def validate(config: TrainConfig) -> None:
         raise ConfigError(f"stages must be a non-empty list from {list(STAGES)}, got {list(config.stages)}")
     method = config.method
     for key in ("micro_batch_size", "gradient_accumulation", "epochs", "checkpoint_every", "eval_every",
-                "keep_checkpoints", "on_policy_every"):
+                "keep_checkpoints"):
         if getattr(method, key) < 1:
             raise ConfigError(f"method.{key} must be >= 1, got {getattr(method, key)}")
     if method.loss not in LOSSES:
         raise ConfigError(f"method.loss {method.loss!r} is not one of {sorted(LOSSES)}")
-    if not 0.0 <= method.on_policy_fraction < 1.0:
-        raise ConfigError(f"method.on_policy_fraction must be in [0, 1), got {method.on_policy_fraction}")
-    if method.on_policy_fraction and method.micro_batch_size * method.gradient_accumulation < 2:
-        raise ConfigError("method.on_policy_fraction needs at least 2 sequences per step: raise method.micro_batch_size")
+    if method.on_policy_answers < 0 or method.on_policy_from_epoch < 0:
+        raise ConfigError(f"method.on_policy_answers and method.on_policy_from_epoch must be >= 0, got "
+                          f"{method.on_policy_answers} and {method.on_policy_from_epoch}")
+    if method.on_policy_answers and method.max_steps is None and method.on_policy_from_epoch >= method.epochs:
+        raise ConfigError(f"method.on_policy_from_epoch ({method.on_policy_from_epoch}) must be below method.epochs "
+                          f"({method.epochs}) for method.on_policy_answers to be used (epochs count from 0)")
+    if config.generate.answers_per_prompt < 1:
+        raise ConfigError(f"generate.answers_per_prompt must be >= 1, got {config.generate.answers_per_prompt}")
     for key, setting in (("method.autocast", method.autocast), ("generate.autocast", config.generate.autocast)):
         if setting not in AUTOCAST_SETTINGS:
             raise ConfigError(f"{key} must be one of {AUTOCAST_SETTINGS}, got {setting!r}")
@@ -177,6 +181,8 @@ def format_summary(summary: dict, run_dir: Path) -> str:
                      f"{format_figure(trained.validation_acceptance_start)} -> "
                      f"{format_figure(trained.validation_acceptance_end)}"
                      + (f" (draft steps 1-{len(steps)}: {', '.join(map(format_figure, steps))})" if steps else ""))
+    if trained:
+        lines += _data_lines(trained, summary.get("generate") or {})
     stages = summary.get("stage_seconds", {})
     lines.append("time per stage: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in stages.items()))
     if trained:
@@ -187,6 +193,20 @@ def format_summary(summary: dict, run_dir: Path) -> str:
                      + ("" if exported.evaluated else " (exported without an eval of this draft)"))
     lines.append(f"summary: {(run_dir / 'summary.json').resolve()}")
     return "\n".join(lines)
+
+
+def _data_lines(trained: TrainResult, generated: dict) -> list[str]:
+    """What the draft learned from: target-labelled tokens by source, and what they cost per CPU-minute where this
+    run made them (distill/throughput.py)."""
+    rates = generated.get("label_rates") or []
+    made = f" ({rates[0]['tokens_per_minute']:,} per CPU-minute; teacher-forced bound {rates[1]['tokens_per_minute']:,})" \
+        if len(rates) == 2 else ""
+    line = f"trained on {trained.answer_tokens:,} target-labelled tokens of the target's answers{made}"
+    if trained.on_policy_labels:
+        tokens = sum(rate["tokens"] for rate in trained.on_policy_labels)
+        per_minute = 60 * tokens / max(sum(rate["seconds"] for rate in trained.on_policy_labels), 1e-9)
+        line += f" and {tokens:,} of the draft's own answers labelled by the target ({per_minute:,.0f} per CPU-minute)"
+    return [line]
 
 
 def _eval_lines(evaluated: EvalResult) -> list[str]:

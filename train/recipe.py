@@ -13,8 +13,10 @@ the same command resumes from the last one; a non-finite loss or gradient stops
 before the update is applied. The draft's forward runs under bf16 autocast where
 that was measured to pay (decode/precision.py); the loss is computed in float32.
 
-With on-policy mixing, a share of every step's sequences are the current draft's own answers, scored by
-the target (distill/on_policy.py): sampled afresh every `on_policy_every` steps, kept in the checkpoints.
+With on-policy data (method.on_policy_answers), every epoch from method.on_policy_from_epoch on starts with the
+draft as it is then answering each training prompt that many times and the target labelling the answers
+(distill/on_policy.py); the epoch trains on them beside the target's own answers. The current epoch's answers are
+kept in the checkpoints.
 
 One code path runs in one process, under DDP and under FSDP2 (`accelerate launch`, docs/distributed.md): the
 processes split every step's sequences, and a checkpoint holds the full (unsharded) state, so a run resumes
@@ -27,7 +29,6 @@ import dataclasses
 import json
 import logging
 import math
-import time
 from contextlib import nullcontext
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from decode.precision import choose_precision, cpu_bf16_speedup
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.losses import LOSSES, coarse_grained, masked_sum
 from distill.on_policy import OnPolicySampler
+from distill.throughput import LabelRate
 from train.batching import epoch_order
 from train.checkpoints import TRAINER_STATE, Checkpoints
 from train.config import MethodConfig
@@ -112,21 +114,12 @@ class DistillationRecipe:
         optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=settings.weight_decay)
         self.examples_per_step = settings.micro_batch_size * settings.gradient_accumulation * \
             accelerator.num_processes
-        self.on_policy = on_policy if settings.on_policy_fraction > 0 else None
-        self.on_policy_per_step = 0
-        if self.on_policy:
-            if self.examples_per_step < 2:
-                raise ValueError("on-policy mixing needs at least 2 sequences per step (method.micro_batch_size)")
-            self.on_policy_per_step = min(max(round(settings.on_policy_fraction * self.examples_per_step), 1),
-                                          self.examples_per_step - 1)
+        self.on_policy = on_policy if settings.on_policy_answers else None
         self.on_policy_pool: list[Example] = []
-        self.on_policy_refresh = -1  # which refresh the pool comes from
-        self.on_policy_seconds, self.on_policy_samples = 0.0, 0
-        # an epoch shows every target answer once; on-policy sequences come on top
-        self.offline_per_step = self.examples_per_step - self.on_policy_per_step
-        steps_per_epoch = math.ceil(len(train_examples) / self.offline_per_step)
-        self.total_steps = settings.max_steps or settings.epochs * steps_per_epoch
-        self.steps_per_epoch = steps_per_epoch
+        self.on_policy_refresh = -1  # the epoch the pool was sampled for
+        self.on_policy_rates: list[LabelRate] = []  # of the refreshes this process ran
+        self.on_policy_samples_per_refresh: list[int] = []
+        self.total_steps = settings.max_steps or self._epoch_start(settings.epochs)
         self._order_of_epoch: tuple[int, list[int]] = (-1, [])
         # sharded, the trained weights are gathered into an unsharded copy of the draft to be saved
         self.unsharded = meta_copy(draft) if self.sharded else None
@@ -151,8 +144,8 @@ class DistillationRecipe:
         if self.accelerator.distributed_type == DistributedType.DEEPSPEED:
             raise ConfigError("DeepSpeed is not supported by the training recipe: use FSDP (accelerate launch "
                               "--config_file conf/accelerate/fsdp.yaml, docs/distributed.md)")
-        if self.sharded and settings.on_policy_fraction:
-            raise ConfigError("method.on_policy_fraction is not supported under FSDP: each process samples its own "
+        if self.sharded and settings.on_policy_answers:
+            raise ConfigError("method.on_policy_answers is not supported under FSDP: each process samples its own "
                               "prompts with the draft, a different number of forwards each, which sharded weights "
                               "cannot serve; use DDP or one process")
 
@@ -186,8 +179,9 @@ class DistillationRecipe:
         if self.objective.draft_steps > 1 and self.step_acceptance:
             history["validation_acceptance_steps"] = self.step_acceptance
         if self.on_policy:
-            history.update(on_policy_samples=self.on_policy_samples,
-                           on_policy_seconds=round(self.on_policy_seconds, 1))
+            history.update(on_policy_samples=sum(self.on_policy_samples_per_refresh),
+                           on_policy_seconds=round(sum(rate.seconds for rate in self.on_policy_rates), 1),
+                           on_policy_labels=[rate.summary() for rate in self.on_policy_rates])
         return history
 
     def _optimizer_step(self, micro_batches: list[dict]) -> float:
@@ -255,54 +249,72 @@ class DistillationRecipe:
 
     # ---- data order: a function of the step, so a resumed run sees the same batches ----------------
     def _micro_batches(self, step: int) -> list[dict]:
-        epoch, index_in_epoch = divmod(step, self.steps_per_epoch)
-        order = self._epoch_order(epoch)
-        begin = index_in_epoch * self.offline_per_step
-        chosen = [self.train_examples[order[(begin + i) % len(order)]] for i in range(self.offline_per_step)]
-        chosen += self._on_policy_examples(step)
+        epoch = self._epoch_of(step)
+        examples = self.train_examples + self._on_policy_examples(epoch)
+        order = self._epoch_order(epoch, examples)
+        begin = (step - self._epoch_start(epoch)) * self.examples_per_step
+        chosen = [examples[order[(begin + i) % len(order)]] for i in range(self.examples_per_step)]
         mine = chosen[self.accelerator.process_index:: self.accelerator.num_processes]
         size = self.settings.micro_batch_size
         return [self._to_device(self._collate(mine[at: at + size])) for at in range(0, len(mine), size)]
 
-    def _epoch_order(self, epoch: int) -> list[int]:
+    def _epoch_steps(self, epoch: int) -> int:
+        """An epoch shows every target answer once, and the epoch's on-policy answers once."""
+        examples = len(self.train_examples) + (self.on_policy.answers_per_refresh if self._samples(epoch) else 0)
+        return math.ceil(examples / self.examples_per_step)
+
+    def _epoch_start(self, epoch: int) -> int:
+        return sum(self._epoch_steps(e) for e in range(epoch))
+
+    def _epoch_of(self, step: int) -> int:
+        epoch, start = 0, 0
+        while start + self._epoch_steps(epoch) <= step:
+            start += self._epoch_steps(epoch)
+            epoch += 1
+        return epoch
+
+    def _epoch_order(self, epoch: int, examples: list[Example]) -> list[int]:
         if self._order_of_epoch[0] != epoch:
-            lengths = [len(example.input_ids) for example in self.train_examples]
-            self._order_of_epoch = (epoch, epoch_order(lengths, self.offline_per_step, self.seed * 1000 + epoch,
+            lengths = [len(example.input_ids) for example in examples]
+            self._order_of_epoch = (epoch, epoch_order(lengths, self.examples_per_step, self.seed * 1000 + epoch,
                                                        self.settings.group_by_length))
         return self._order_of_epoch[1]
 
     def _collate(self, examples: list[Example]) -> dict:
         return self.objective.collate(examples, self.pad_token_id)
 
-    # ---- on-policy sequences: the current draft's answers, refreshed every on_policy_every steps ------
-    def _on_policy_examples(self, step: int) -> list[Example]:
-        if not self.on_policy:
-            return []
-        refresh, offset = divmod(step, self.settings.on_policy_every)
-        if refresh != self.on_policy_refresh:
-            self._refresh_on_policy(refresh)
-        begin = offset * self.on_policy_per_step
-        pool = self.on_policy_pool
-        return [pool[(begin + i) % len(pool)] for i in range(self.on_policy_per_step)]
+    # ---- on-policy sequences: the draft's answers as it is at the start of each epoch from on_policy_from_epoch --
+    def _samples(self, epoch: int) -> bool:
+        return bool(self.on_policy) and epoch >= self.settings.on_policy_from_epoch
 
-    def _refresh_on_policy(self, refresh: int) -> None:
-        """The draft as it is now answers the prompts of this refresh; each process samples its share."""
-        began = time.perf_counter()
+    def _on_policy_examples(self, epoch: int) -> list[Example]:
+        if not self._samples(epoch):
+            return []
+        if epoch != self.on_policy_refresh:
+            self._refresh_on_policy(epoch)
+        return self.on_policy_pool
+
+    def _refresh_on_policy(self, epoch: int) -> None:
+        """The draft as it is now answers every training prompt answers_per_prompt times; each process samples its
+        share."""
         accelerator = self.accelerator
-        chosen = self.on_policy.prompts_for(refresh, self.on_policy_per_step * self.settings.on_policy_every)
+        chosen = self.on_policy.prompts_for(epoch)
         with self.objective.decoding_draft(self.accelerator.unwrap_model(self.draft)) as draft:
-            pool = self.on_policy.sample(draft, chosen[accelerator.process_index:: accelerator.num_processes],
-                                         refresh)
+            pool, rate = self.on_policy.sample(draft, chosen[accelerator.process_index:: accelerator.num_processes],
+                                               epoch)
         if accelerator.num_processes > 1:
             from accelerate.utils import gather_object
 
             pool = gather_object(pool)
-        if not pool:
-            raise ValueError("no on-policy sequence fits method.max_length; raise it")
-        self.on_policy_pool, self.on_policy_refresh = pool, refresh
-        self.on_policy_samples += len(pool)
-        self.on_policy_seconds += time.perf_counter() - began
-        self.tracker.log({"train/on_policy_seconds": self.on_policy_seconds}, step=self.step)
+        if len(pool) != self.on_policy.answers_per_refresh:
+            raise ValueError(f"{self.on_policy.answers_per_refresh - len(pool)} on-policy answers do not fit "
+                             f"method.max_length; raise it")
+        self.on_policy_pool, self.on_policy_refresh = pool, epoch
+        self.on_policy_rates.append(rate)
+        self.on_policy_samples_per_refresh.append(len(pool))
+        log.info("epoch %d, %s", epoch, rate.line())
+        self.tracker.log({"train/on_policy_seconds": sum(r.seconds for r in self.on_policy_rates),
+                          "train/on_policy_tokens_per_minute": rate.per_minute}, step=self.step)
 
     def _to_device(self, batch: dict) -> dict:
         return {key: value.to(self.accelerator.device) for key, value in batch.items()}
@@ -356,7 +368,7 @@ class DistillationRecipe:
     def _save_checkpoint(self) -> None:
         files = {}
         if self.on_policy_pool:  # a resumed run goes on with the samples this one was training on
-            files["on_policy.json"] = json.dumps({"refresh": self.on_policy_refresh,
+            files["on_policy.json"] = json.dumps({"epoch": self.on_policy_refresh,
                                                   "examples": [dataclasses.asdict(e) for e in self.on_policy_pool]})
         trainer = {"step": self.step, "autocast": self.precision.name, "processes": self.accelerator.num_processes}
         self.checkpoints.save(self.step, self.draft, self.optimizer, self.scheduler, trainer, files)
@@ -369,5 +381,5 @@ class DistillationRecipe:
         if self.on_policy and (latest / "on_policy.json").is_file():
             saved = json.loads((latest / "on_policy.json").read_text())
             self.on_policy_pool = [Example(**example) for example in saved["examples"]]
-            self.on_policy_refresh = saved["refresh"]
+            self.on_policy_refresh = saved["epoch"]
         log.info("resumed from %s (step %d of %d)", latest, self.step, self.total_steps)

@@ -12,7 +12,8 @@ from distill.config import DomainConfig, GenerateConfig
 from distill.conversations import chat_prompt_ids
 from distill.data import DomainPrompts, examples_from_records
 from distill.on_policy import OnPolicySampler
-from distill.stage import target_answers, training_prompts
+from distill.generate import labelling_precision
+from distill.stage import target_answers
 from distill.vocab import most_probable_tokens, target_mass
 from train.config import MethodConfig
 from train.recipe import DistillationRecipe
@@ -37,7 +38,7 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
         generate.batch_size)
     recorded_k = len(train_examples[0].target_top_ids[0])  # below top_k_logprobs where a server capped it
     on_policy = _on_policy_sampler(ctx, method, domain, generate, decode, prompts, recorded_k) \
-        if method.on_policy_fraction else None
+        if method.on_policy_answers else None
     recipe = DistillationRecipe(method, ctx.seed, kind.objective(draft, ctx.pair, method, ctx.accelerator.device),
                                 ctx.pair.vocab_size, ctx.pair.tokenizer.pad_token_id or 0, train_inputs,
                                 validation_inputs, ctx.run_dir / "checkpoints", ctx.accelerator, ctx.tracker,
@@ -46,7 +47,9 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
     kind.save(recipe.trained_draft(), ctx, decode.gamma)
     forget_draft_results(ctx.run_dir)
     result = TrainResult(draft_path=str(ctx.draft_dir), draft_fingerprint=content_fingerprint(ctx.draft_dir),
-                         examples=len(train_examples), draft_vocab_size=draft_vocab_size, **inputs_record, **history)
+                         examples=len(train_examples),
+                         answer_tokens=sum(len(example.target_top_ids) for example in train_examples),
+                         draft_vocab_size=draft_vocab_size, **inputs_record, **history)
     ctx.tracker.log_model(ctx.draft_dir, f"draft-{domain.name}-{method.name}",
                           {"domain": domain.name, "method": method.name, "train_steps": result.steps,
                            "validation_acceptance_end": result.validation_acceptance_end})
@@ -59,10 +62,13 @@ def _always_kept_tokens(ctx: RunContext) -> list[int]:
 
 def _on_policy_sampler(ctx: RunContext, method: MethodConfig, domain: DomainConfig, generate: GenerateConfig,
                        decode: DecodeConfig, prompts: DomainPrompts, top_k_logprobs: int) -> OnPolicySampler:
-    """The current draft answers the training prompts (those that leave room for an answer) as the decoder
-    samples, as long as the target's answers; the target scores them, keeping top_k_logprobs as the answers did."""
-    prompt_ids = chat_prompt_ids(ctx.pair.tokenizer, training_prompts(prompts, generate)["train"],
+    """The current draft answers the training prompts (those that leave room for an answer), each
+    method.on_policy_answers times, as the decoder samples and as long as the target's answers; the target labels
+    them, keeping top_k_logprobs as the answers did, in the precision measured fastest for that forward."""
+    prompt_ids = chat_prompt_ids(ctx.pair.tokenizer, prompts.train[: generate.max_train_prompts],
                                  domain.system_prompt)
-    return OnPolicySampler(ctx.pair.target_runner(), [ids for ids in prompt_ids if len(ids) < method.max_length],
+    target = ctx.pair.target_runner()
+    return OnPolicySampler(target, [ids for ids in prompt_ids if len(ids) < method.max_length],
                            ctx.pair.eos_token_ids, ctx.pair.vocab_size, decode.sampling(), generate.max_new_tokens,
-                           generate.batch_size, top_k_logprobs, method.max_length, ctx.seed)
+                           generate.batch_size, top_k_logprobs, method.max_length, ctx.seed,
+                           method.on_policy_answers, labelling_precision(target, generate.autocast))

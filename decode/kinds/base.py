@@ -70,7 +70,7 @@ class TrainingObjective(abc.ABC):
 
     def decoding_draft(self, module: nn.Module) -> AbstractContextManager[nn.Module]:
         """The unwrapped module as the decoder runs it, for on-policy sampling (kinds whose check_method
-        refuses method.on_policy_fraction need not say)."""
+        refuses method.on_policy_answers need not say)."""
         raise NotImplementedError(f"{type(self).__name__} does not sample on-policy")
 
 

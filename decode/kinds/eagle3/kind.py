@@ -71,8 +71,8 @@ class Eagle3Kind(DraftKind):
         if method.lora:
             raise ConfigError("method.lora is not supported for pair.draft.kind=eagle3: the head is one layer, "
                               "trained whole; use method=distill")
-        if method.on_policy_fraction:
-            raise ConfigError("method.on_policy_fraction is not supported for pair.draft.kind=eagle3; set it to 0")
+        if method.on_policy_answers:
+            raise ConfigError("method.on_policy_answers is not supported for pair.draft.kind=eagle3; set it to 0")
 
     def starting_draft(self, pair, method, draft_vocabulary: list[int] | None, seed: int) -> Eagle3Head:
         """A copy of the head at pair.draft.path (retraining a champion: its weights and its vocabulary), else a

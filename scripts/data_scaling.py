@@ -1,0 +1,88 @@
+"""Validation acceptance against target-labelled tokens, per data source, with what each source's tokens cost.
+
+    python scripts/data_scaling.py OUT_DIR [--domain code] [--row NAME="OVERRIDE ..."]...
+
+Each row is one `python -m train +domain=D stages=[generate,train]` run (its run directory OUT_DIR/NAME; a rerun
+resumes or reuses it), one at a time, so that no two runs share the cores. The rows by default:
+
+    target-25k     the default recipe: the target answers each training prompt once (4 epochs)
+    target-50k     the target answers each training prompt twice (2 epochs: the same optimizer steps)
+    on-policy-1    the default, plus: from epoch 1 the draft answers each prompt once per epoch, the target labels
+    on-policy-2    the same with two draft answers per prompt and epoch
+
+For each run it prints the target-labelled tokens the draft trained on (the target's answers, and the draft's
+answers labelled by the target, counting each on-policy refresh), the CPU-minutes that made them (the target's
+answers at the rate generate measured for them; the on-policy refreshes as timed), the train stage's seconds and
+the validation slice's expected acceptance sum(min(p, q)) at the end. The held-out prompts have no part in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+DEFAULT_ROWS = {
+    "target-25k": "",
+    "target-50k": "generate.answers_per_prompt=2 method.epochs=2",
+    "on-policy-1": "method.on_policy_answers=1",
+    "on-policy-2": "method.on_policy_answers=2",
+}
+
+
+def run_row(out_dir: Path, domain: str, name: str, overrides: str) -> dict:
+    run_dir = out_dir / name
+    command = [sys.executable, "-m", "train", f"+domain={domain}", "stages=[generate,train]", "logger=disabled",
+               f"run_dir={run_dir}", f"hydra.run.dir={run_dir}/hydra", *shlex.split(overrides)]
+    print("$", " ".join(command[1:]), flush=True)
+    subprocess.run(command, check=True)
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def target_rate(summary: dict, known: dict) -> float | None:
+    """Tokens per minute of the target's answers: as this run's generate measured them, else as another run did
+    for the same sampling (answers from the cache carry no timing)."""
+    rates = summary.get("generate", {}).get("label_rates") or []
+    if rates:
+        known["target"] = rates[0]["tokens_per_minute"]
+    return known.get("target")
+
+
+def row_figures(summary: dict, known: dict) -> dict:
+    generate, train = summary["generate"], summary["train"]
+    target_tokens = train["answer_tokens"]
+    on_policy = train.get("on_policy_labels") or []
+    rate = target_rate(summary, known)
+    return {"target answers": generate["train_answers"],
+            "target tokens": target_tokens,
+            "on-policy tokens": sum(r["tokens"] for r in on_policy),
+            "data CPU-minutes": (target_tokens / rate if rate else float("nan"))
+            + sum(r["seconds"] for r in on_policy) / 60,
+            "steps": train["steps"], "train s": summary["stage_seconds"].get("train"),
+            "validation": train.get("validation_acceptance_end")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out_dir", type=Path)
+    parser.add_argument("--domain", default="code")
+    parser.add_argument("--row", action="append", default=[], metavar='NAME="OVERRIDES"',
+                        help="a row of your own (repeatable); without any, the default rows")
+    args = parser.parse_args()
+    rows = dict(row.split("=", 1) for row in args.row) if args.row else DEFAULT_ROWS
+    known, table = {}, []
+    for name, overrides in rows.items():
+        table.append((name, overrides, row_figures(run_row(args.out_dir, args.domain, name, overrides), known)))
+    columns = list(table[0][2])
+    print("| row | overrides | " + " | ".join(columns) + " |")
+    print("|---|---|" + "---|" * len(columns))
+    for name, overrides, figures in table:
+        cells = [f"{value:.3f}" if isinstance(value, float) else str(value) for value in figures.values()]
+        print(f"| {name} | `{overrides}` | " + " | ".join(cells) + " |")
+
+
+if __name__ == "__main__":
+    main()
