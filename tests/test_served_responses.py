@@ -3,7 +3,9 @@ recent prompt, passed to the retrain, and scored there by the target instead of 
 
 import json
 import logging
+import sys
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 
@@ -18,6 +20,10 @@ from distill.data import DomainPrompts, Prompt, load_domain_prompts, read_jsonl_
 from distill.generate import cache_key, generate_dataset, score_answers
 from distill.served_responses import SERVED, ServedResponse, parse_served, why_regenerated
 from distill.stage import target_answers
+from eval.monitor.config import MonitorConfig
+from eval.monitor.promotion import TRAIN_PROMPTS, is_gate_prompt
+from eval.monitor.sources import MALFORMED_LINE, MALFORMED_RESPONSE
+from eval.monitor.watch import STATE_FILE, run, wait_for_retrains
 
 TARGET = "tiny-random-v1"  # the tiny target's model fingerprint
 SAMPLING = SamplingParams(temperature=0.7, top_p=0.9)  # as decode samples by default
@@ -214,3 +220,78 @@ def test_the_generate_stage_scores_the_served_responses_of_the_retrains_traffic_
         in caplog.messages
     looked_up, _ = target_answers(ctx, domain, settings, DecodeConfig(), load_domain_prompts(domain), create=False)
     assert looked_up["train"]["input_ids"] == found["train"]["input_ids"]  # the stage's key is generate's
+
+
+# The monitor keeps them and hands them to the retrain -------------------------------------------------------
+
+def line(at: float, prompt: str, response=None, domain: str = "translation", **fields) -> dict:
+    entry = {"timestamp": at, "domain": domain, "prompt": prompt, "drafted": 100, "accepted": 10, **fields}
+    return {**entry, **response.fields()} if response is not None else entry
+
+
+def write_lines(path: Path, entries: list) -> None:
+    with open(path, "a") as log:
+        log.writelines((entry if isinstance(entry, str) else json.dumps(entry)) + "\n" for entry in entries)
+
+
+def test_the_monitor_keeps_the_latest_response_of_each_recent_prompt(tmp_path):
+    log = tmp_path / "requests.jsonl"
+    config = MonitorConfig(state_dir=str(tmp_path / "state"), request_logs=[str(log)], recent_prompts=2)
+    write_lines(log, [line(T0 + 1, "one", served([1])), line(T0 + 2, "one", served([2])),  # the latest kept
+                      line(T0 + 3, "two", served([3])), line(T0 + 4, "two"),  # logged again without: kept
+                      line(T0 + 5, "  padded  ", served([4]))])  # the prompt is kept stripped: not its response
+    run(replace(config, now=str(T0 + 10)))
+    state = json.loads((tmp_path / "state" / STATE_FILE).read_text())
+    assert state["recent_prompts"]["translation"] == ["two", "padded"]
+    assert state["recent_responses"]["translation"] == {"two": served([3]).fields()}  # "one" was let go
+    # a state written before responses were kept still loads
+    del state["recent_responses"]
+    (tmp_path / "state" / STATE_FILE).write_text(json.dumps(state))
+    write_lines(log, [line(T0 + 11, "three", served([5]))])
+    run(replace(config, now=str(T0 + 20)))
+    state = json.loads((tmp_path / "state" / STATE_FILE).read_text())
+    assert state["recent_responses"] == {"translation": {"three": served([5]).fields()}}
+
+
+def hostile_lines(at: float) -> list:
+    """Lines with good counts and malformed optional response fields, each in its own way."""
+    lines = [{**line(at + index, f"hostile {index}"), "response_token_ids": tokens}
+             | ({} if provenance is None else {"served_by": provenance})
+             for index, (tokens, provenance) in enumerate(HOSTILE)]
+    raw = json.dumps(line(at + 100, "non-finite")).rstrip("}")
+    return lines + [raw + ', "response_token_ids": [1], "served_by": {"target": "t", "temperature": NaN, '
+                          '"top_k": 0, "top_p": 1e999, "max_new_tokens": 4}}']
+
+
+def test_the_monitor_writes_responses_with_provenance_into_the_retrain_prompts_and_survives_hostile_ones(tmp_path):
+    log = tmp_path / "requests.jsonl"
+    texts = [f"Translate sentence {index} into French." for index in range(16)]
+    trained = [text for text in texts if not is_gate_prompt(text, 0.25)]
+    # the second window: responses from the closed loop, one from another domain (code) for the same prompt
+    window = [line(T0 + index, text, served([index + 1, index + 2], system=None)) for index, text in enumerate(texts)]
+    code = [line(T0 + 50, trained[0], served([999]), domain="code", accepted=95)]  # healthy
+    write_lines(log, window + code + hostile_lines(T0 + 200) + ['{"deeply": ' + "[" * 100_000 + "]" * 100_000 + "}"])
+    config = MonitorConfig(state_dir=str(tmp_path / "state"), request_logs=[str(log)], alert_after=1,
+                           threshold=0.5, min_drafted=100, retrain_command=[sys.executable, "-c", "pass", "{prompts}"])
+    outcome = run(replace(config, now=str(T0 + HOUR + 1)))
+    wait_for_retrains(config)
+
+    assert outcome.problems.counts[MALFORMED_RESPONSE] == len(HOSTILE) + 1  # every hostile response, once
+    assert outcome.problems.counts[MALFORMED_LINE] == 1  # the line too deeply nested to read at all
+    translation = [window for window in outcome.windows if window.domain == "translation"]
+    assert translation[0].counts.drafted == 100 * (len(texts) + len(HOSTILE) + 1)  # their counts are kept
+    assert outcome.alerts == ["translation"]
+    retrain = outcome.retrains["translation"]
+    written = [json.loads(raw) for raw in (Path(retrain.run_dir) / "traffic" / TRAIN_PROMPTS).read_text().splitlines()]
+    by_prompt = {entry["prompt"]: entry for entry in written}
+    for index, text in enumerate(texts):
+        if text in trained:  # the drifted domain's response wins over another domain's for the same prompt
+            assert {key: by_prompt[text][key] for key in ("response_token_ids", "served_by")} == \
+                served([index + 1, index + 2]).fields()
+    assert all("response_token_ids" not in by_prompt[text] for text in by_prompt if text.startswith("hostile"))
+
+    # and the retrain reads them back as served responses of its extra training prompts
+    prompts = load_domain_prompts(DomainConfig(name="translation", extra_prompts=str(Path(retrain.run_dir) / "traffic"
+                                                                                     / TRAIN_PROMPTS)))
+    extra = {prompt.text: prompt.served for prompt in prompts.train if prompt.id.startswith("extra-")}
+    assert extra[trained[0]] == served([1 + texts.index(trained[0]), 2 + texts.index(trained[0])])
