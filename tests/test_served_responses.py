@@ -10,19 +10,23 @@ from pathlib import Path
 import pytest
 
 import distill.generate as generate
-from decode.config import DecodeConfig
+from decode.config import DecodeConfig, PairConfig
 from decode.context import RunContext
 from decode.errors import PromptError
+from decode.files import point_symlink
 from decode.models import ModelSpec
 from decode.sampling import SamplingParams
+from decode.serving.llama_server import AS_DECODE_SAMPLES, Completion
 from distill.config import DomainConfig, GenerateConfig
 from distill.data import DomainPrompts, Prompt, load_domain_prompts, read_jsonl_prompts, with_extra_training_prompts
 from distill.generate import cache_key, generate_dataset, score_answers
-from distill.served_responses import SERVED, ServedResponse, parse_served, why_regenerated
+from distill.served_responses import SERVED, ServedResponse, parse_served, served_by, why_regenerated
 from distill.stage import target_answers
+from eval.harness import closed_loop
+from eval.harness.closed_loop import ClosedLoopCommand, LoopConfig, ServedLoop, request_line
 from eval.monitor.config import MonitorConfig
 from eval.monitor.promotion import TRAIN_PROMPTS, is_gate_prompt
-from eval.monitor.sources import MALFORMED_LINE, MALFORMED_RESPONSE
+from eval.monitor.sources import MALFORMED_LINE, MALFORMED_RESPONSE, parse_request
 from eval.monitor.watch import STATE_FILE, run, wait_for_retrains
 
 TARGET = "tiny-random-v1"  # the tiny target's model fingerprint
@@ -295,3 +299,56 @@ def test_the_monitor_writes_responses_with_provenance_into_the_retrain_prompts_a
                                                                                      / TRAIN_PROMPTS)))
     extra = {prompt.text: prompt.served for prompt in prompts.train if prompt.id.startswith("extra-")}
     assert extra[trained[0]] == served([1 + texts.index(trained[0]), 2 + texts.index(trained[0])])
+
+
+# The closed loop's and the replay's request-log lines ---------------------------------------------------------
+
+def test_a_closed_loop_line_carries_the_response_and_how_it_was_served(tiny_pair):
+    eos = tiny_pair.eos_token_ids[0]
+    reply = Completion(tokens=[40, 41, eos], drafted=6, accepted=3, predicted_n=3, predicted_ms=1.0, stop_type="eos")
+    provenance = served_by(TARGET, SamplingParams(0.0, 0, 0.9), 48, None)
+    entry = request_line(T0, "code", "write a loop", reply, 3, tiny_pair.tokenizer, provenance)
+    assert entry == {"timestamp": T0, "domain": "code", "prompt": "write a loop", "drafted": 6, "accepted": 3,
+                     "gamma": 3, "response": tiny_pair.tokenizer.decode([40, 41, eos], skip_special_tokens=True),
+                     "response_token_ids": [40, 41, eos], "served_by": provenance}
+    observation = parse_request(json.dumps(entry).encode())
+    assert observation.response == served([40, 41, eos], temperature=0.0, max_new_tokens=48).fields()
+
+
+class FakeServer:
+    """Answers as llama-server's /completion would, without a server; records what it was asked."""
+
+    def __init__(self, tokens):
+        self.tokens, self.asked = tokens, []
+
+    def complete(self, prompt_ids, max_tokens, **sampling):
+        self.asked.append((prompt_ids, max_tokens, sampling))
+        return Completion(tokens=self.tokens, drafted=4, accepted=2, predicted_n=len(self.tokens), predicted_ms=1.0,
+                          stop_type="limit")
+
+    def metrics_text(self) -> str:
+        return ""
+
+
+def test_the_closed_loop_asks_the_server_to_sample_as_decode_does_and_logs_the_targets_fingerprint(tmp_path,
+                                                                                                    monkeypatch):
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "draft.gguf").write_bytes(b"")
+    point_symlink(tmp_path / "current", export)
+    monkeypatch.setattr(closed_loop, "gguf_path", lambda spec: tmp_path / "target.gguf")  # no server is started
+    decode = DecodeConfig(temperature=0.8, top_k=30, top_p=0.95, gamma=4)
+    config = ClosedLoopCommand(pair=PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu")),
+                               decode=decode, loop=LoopConfig(max_new_tokens=5))
+    config.promotion.current = str(tmp_path / "current")
+    loop = ServedLoop(config, tmp_path)
+    loop.server = FakeServer([30, 31, 32])
+    loop.serve_window(0, [(T0 + 1.0, "code", "sum a list")])
+    [(prompt_ids, max_tokens, sampling)] = loop.server.asked
+    assert max_tokens == 5 and sampling["as_decode_samples"] is True
+    assert (sampling["temperature"], sampling["top_k"], sampling["top_p"]) == (0.8, 30, 0.95)
+    [entry] = [json.loads(raw) for raw in loop.request_log.read_text().splitlines()]
+    assert entry["response_token_ids"] == [30, 31, 32] and entry["gamma"] == 4
+    assert entry["served_by"] == {"target": TARGET, "temperature": 0.8, "top_k": 30, "top_p": 0.95,
+                                  "max_new_tokens": 5, "system": None}
+    assert AS_DECODE_SAMPLES == {"min_p": 0.0, "samplers": ["top_k", "temperature", "top_p"]}
