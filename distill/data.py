@@ -12,7 +12,7 @@ import itertools
 import logging
 import re
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import datasets
@@ -23,6 +23,7 @@ from distill.config import DomainConfig, check_magpie_settings
 from distill.conversations import Message, read_conversations, user_turns
 from distill.domains import domain_config
 from distill.jsonl import json_objects
+from distill.served_responses import ServedResponse, parse_served
 
 log = logging.getLogger(__name__)
 
@@ -40,6 +41,9 @@ class Prompt:
     text: str  # a conversation's first user message
     split: str
     messages: tuple[Message, ...] = ()  # a conversation source's conversation (distill/conversations.py)
+    # the response serving gave it, with how it was sampled: scored by the target where generate would sample as
+    # it was (distill/served_responses.py); no part of the prompt's identity
+    served: ServedResponse | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)
@@ -69,7 +73,11 @@ def read_jsonl_prompts(path: Path, prompt_field: str = "prompt", split_field: st
         if prompt_id in seen_ids:
             raise PromptError(f"{where}: duplicate id {prompt_id!r}")
         seen_ids.add(prompt_id)
-        prompts.append(Prompt(prompt_id, text, split))
+        try:
+            served = parse_served(record)
+        except ValueError as error:
+            raise PromptError(f"{where}: {error}") from None
+        prompts.append(Prompt(prompt_id, text, split, served=served))
     if not prompts:
         raise PromptError(f"{path}: no prompts")
     return prompts
@@ -176,14 +184,14 @@ def _source_prompts(domain_cfg: DomainConfig) -> DomainPrompts:
 
 
 def with_extra_training_prompts(split: DomainPrompts, extra: list[Prompt]) -> DomainPrompts:
-    """The extra prompts train, ahead of the source's own (so that max_train_prompts keeps them). One that is also
-    a validation or held-out prompt leaves that split, which stays unseen."""
+    """The extra prompts train, ahead of the source's own (so that max_train_prompts keeps them), with their served
+    responses. One that is also a validation or held-out prompt leaves that split, which stays unseen."""
     known = {prompt.text.strip() for prompt in split.train}
     kept = []
     for prompt in extra:
         text = prompt.text.strip()
         if text not in known:
-            kept.append(Prompt(f"{EXTRA_ID_PREFIX}{prompt.id}", prompt.text, "train"))
+            kept.append(replace(prompt, id=f"{EXTRA_ID_PREFIX}{prompt.id}", split="train"))
             known.add(text)
     unseen = [[prompt for prompt in prompts if prompt.text.strip() not in known]
               for prompts in (split.validation, split.heldout)]

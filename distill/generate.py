@@ -28,6 +28,7 @@ from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
 from decode.speculative import SpeculativeDecoder
 from distill.conversations import regenerated_turns
+from distill import served_responses
 from distill.data import Prompt
 from distill.served_answers import IN_PROCESS, ServedAnswers
 from distill.throughput import LabelRate
@@ -53,6 +54,9 @@ def cache_key(target_fingerprint: str, domain: str, prompts: list[Prompt], sampl
         "seed": seed, "system_prompt": system_prompt, "top_k_logprobs": top_k_logprobs}
     if source != IN_PROCESS:
         described["source"] = source
+    served = served_responses.cache_part(prompts, target_fingerprint, sampling, max_new_tokens, system_prompt)
+    if served:  # the served responses scored instead of answered (distill/served_responses.py)
+        described["served"] = served
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -190,6 +194,8 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     mine = prompts[rank::world]
     runner = None if served else pair.target_runner()
+    scored, mine = served_responses.scored_records(pair, mine, target_fingerprint, sampling, max_new_tokens,
+                                                   system_prompt, top_k_logprobs, precision, batch_size, score_answers)
 
     def answer(prompt_ids: list[list[int]], turn: int = 0) -> list[dict]:  # turn: of a conversation
         turn_seed = seed + 7919 * rank + 104_729 * turn
@@ -203,8 +209,9 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
     if any(p.messages for p in mine):
         records = regenerated_turns(pair.tokenizer, mine, system_prompt, answer)
     else:
-        answers = answer(pair.encode_chat([p.text for p in mine], system_prompt))
+        answers = answer(pair.encode_chat([p.text for p in mine], system_prompt)) if mine else []
         records = [{"id": p.id, "prompt": p.text, "source": "target", **row} for p, row in zip(mine, answers)]
+    records += scored
     if accelerator and world > 1:
         from accelerate.utils import gather_object
 

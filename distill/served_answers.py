@@ -64,7 +64,7 @@ from tqdm.auto import tqdm
 from decode.errors import ConfigError, SpecdraftError
 from decode.models import ModelSpec, gguf_path
 from decode.sampling import SamplingParams
-from decode.serving.llama_server import LlamaServer, ServerSpec
+from decode.serving.llama_server import AS_DECODE_SAMPLES, LlamaServer, ServerSpec
 
 log = logging.getLogger(__name__)
 
@@ -300,8 +300,7 @@ class AnswerClient:
     def native_request(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, seed: int,
                        k: int) -> dict:
         return {"prompt": prompt, "n_predict": max_tokens, "temperature": sampling.temperature,
-                "top_k": sampling.top_k, "top_p": sampling.top_p, "min_p": 0.0,
-                "samplers": ["top_k", "temperature", "top_p"], "seed": seed, "n_probs": k,
+                "top_k": sampling.top_k, "top_p": sampling.top_p, **AS_DECODE_SAMPLES, "seed": seed, "n_probs": k,
                 "post_sampling_probs": False, "return_tokens": True, "stream": False}
 
     def native_answer(self, reply: dict, k: int) -> tuple[list[int], list | None]:

@@ -37,9 +37,26 @@ def test_each_request_is_decoded_and_logged_as_a_line_the_monitor_reads(tmp_path
                      ModelSpec(derive_layers=1, dtype="float32", device="cpu"))
     settings = ReplayConfig(phases=[ReplayPhase("math", 1)], requests_per_window=2, start=str(START),
                             max_new_tokens=6, output=str(tmp_path / "requests.jsonl"))
-    lines = replay(pair, DecodeConfig(), settings, seed=0)
+    decode = DecodeConfig()
+    lines = replay(pair, decode, settings, seed=0, target_fingerprint="tiny-random-v1")
     written = (tmp_path / "requests.jsonl").read_text().splitlines()
     assert [json.loads(line) for line in written] == lines and len(lines) == 2
     for raw in written:
         observation = parse_request(raw.encode())
         assert observation.domain == "math" and observation.prompt and observation.counts.drafted > 0
+        assert observation.response == {key: json.loads(raw)[key] for key in ("response_token_ids", "served_by")}
+
+
+def test_each_line_carries_the_decoded_response_and_how_it_was_sampled(tmp_path):
+    pair = load_pair(ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
+                     ModelSpec(derive_layers=1, dtype="float32", device="cpu"))
+    settings = ReplayConfig(phases=[ReplayPhase("code", 1)], requests_per_window=1, start=str(START),
+                            max_new_tokens=6, output=str(tmp_path / "requests.jsonl"))
+    decode = DecodeConfig(temperature=1.0, top_k=20, top_p=0.95)
+    [line] = replay(pair, decode, settings, seed=3, target_fingerprint="fingerprint-of-the-target")
+    prompt_ids = pair.encode_chat([line["prompt"]])
+    tokens = pair.decoder().generate(prompt_ids, 6, decode.sampling(), decode.gamma_policy(), seed=3).tokens[0]
+    assert line["response_token_ids"] == tokens and 0 < len(tokens) <= 6
+    assert line["response"] == pair.tokenizer.decode(tokens, skip_special_tokens=True)
+    assert line["served_by"] == {"target": "fingerprint-of-the-target", "temperature": 1.0, "top_k": 20,
+                                 "top_p": 0.95, "max_new_tokens": 6, "system": None}

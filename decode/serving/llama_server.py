@@ -36,6 +36,9 @@ DRAFT_REFUSALS = ("the target and draft vocabs are not compatible", "failed to i
 # --spec-type (b11434): a draft model of its own, or an EAGLE-3 head over the target's hidden states
 DRAFT_SPEC_TYPE = "draft-simple"
 EAGLE3_SPEC_TYPE = "draft-eagle3"
+# a request's fields that make llama-server sample as decode/sampling.py does: temperature, top-k and top-p and no
+# other sampler (its default chain adds min_p 0.05 and applies the temperature after top-p)
+AS_DECODE_SAMPLES = {"min_p": 0.0, "samplers": ["top_k", "temperature", "top_p"]}
 
 
 class ServerError(SpecdraftError, RuntimeError):
@@ -210,13 +213,16 @@ class LlamaServer:
                 from None
 
     def complete(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, top_k: int = 0,
-                 top_p: float = 1.0, seed: int = 0) -> Completion:
+                 top_p: float = 1.0, seed: int = 0, as_decode_samples: bool = False) -> Completion:
         """One request, its prompt given as token ids (the chat template already applied, as the decoder has it).
 
         The prompt cache is off so that every request is measured alike and none reuses another's state.
+        as_decode_samples: sample exactly as decode/sampling.py does (AS_DECODE_SAMPLES), not with the server's
+        default sampler chain.
         """
         body = {"prompt": prompt_ids, "n_predict": max_tokens, "temperature": temperature, "top_k": top_k,
-                "top_p": top_p, "seed": seed, "cache_prompt": False, "return_tokens": True, "stream": False}
+                "top_p": top_p, "seed": seed, "cache_prompt": False, "return_tokens": True, "stream": False,
+                **(AS_DECODE_SAMPLES if as_decode_samples else {})}
         reply = json.loads(self._request("/completion", body))
         timings = reply.get("timings", {})
         return Completion(tokens=list(reply.get("tokens", [])), drafted=int(timings.get("draft_n", 0)),

@@ -4,7 +4,8 @@
 The product's loop on a real serving engine. llama-server serves the target with the draft that `current` (a
 symlink to an export) points at, sampling and drafting as `decode` says (temperature, top-k, top-p,
 gamma), the settings the gate decodes with. Traffic goes to it window by window, a request at a time; each reply's
-timings.draft_n / draft_n_accepted become a request-log line, as a gateway logs them. After each window:
+timings.draft_n / draft_n_accepted become a request-log line, as a gateway logs them, with the response's tokens
+and how it was sampled (served_by), which the retrain scores instead of answering again. After each window:
   - the window's acceptance is read from the server's own /metrics counters;
   - the monitor runs over the request log, as of the window's end: it judges windows, alerts on a drift,
     retrains, gates the challenger against the champion, and promotes it by moving `current`;
@@ -37,10 +38,11 @@ from omegaconf import DictConfig, OmegaConf
 from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.errors import ConfigError
 from decode.files import point_symlink, write_json
-from decode.models import gguf_path, load_tokenizer
+from decode.models import gguf_path, load_tokenizer, model_fingerprint
 from decode.pair import encode_chat
-from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec
+from decode.serving.llama_server import Completion, LlamaServer, ServerError, ServerSpec
 from distill.domains import domain_config
+from distill.served_responses import response_fields, served_by
 from eval.monitor import watch as monitor
 from eval.monitor.config import MonitorConfig
 from eval.monitor.sources import parse_time
@@ -97,6 +99,7 @@ class ServedLoop:
                               "a .gguf file")
         self.target_gguf = str(target_gguf)
         self.tokenizer = load_tokenizer(config.pair.target)
+        self.target_fingerprint = model_fingerprint(config.pair.target)  # as the retrain's generate computes it
         self.request_log = output_dir / "requests.jsonl"
         self.steps: list[dict] = []
         self.windows: list[dict] = []
@@ -132,12 +135,14 @@ class ServedLoop:
         counts = []  # per request: drafted, accepted (the reply's timings)
         with self.request_log.open("a", encoding="utf-8") as log_file:
             for number, (at, domain, prompt) in enumerate(requests):
-                prompt_ids = encode_chat(self.tokenizer, prompt, domain_config(domain).system_prompt)
+                system = domain_config(domain).system_prompt
+                prompt_ids = encode_chat(self.tokenizer, prompt, system)
                 reply = self.server.complete(prompt_ids, loop.max_new_tokens, temperature=decode.temperature,
-                                             top_k=decode.top_k, top_p=decode.top_p, seed=window * 1000 + number)
-                log_file.write(json.dumps({"timestamp": at, "domain": domain, "prompt": prompt,
-                                           "drafted": reply.drafted, "accepted": reply.accepted,
-                                           "gamma": decode.gamma}) + "\n")
+                                             top_k=decode.top_k, top_p=decode.top_p, seed=window * 1000 + number,
+                                             as_decode_samples=True)
+                provenance = served_by(self.target_fingerprint, decode.sampling(), loop.max_new_tokens, system)
+                line = request_line(at, domain, prompt, reply, decode.gamma, self.tokenizer, provenance)
+                log_file.write(json.dumps(line) + "\n")
                 counts.append([reply.drafted, reply.accepted])
         after = spec_counters(self.server.metrics_text())
         drafted, accepted = after["drafted"] - before["drafted"], after["accepted"] - before["accepted"]
@@ -181,6 +186,14 @@ class ServedLoop:
             self.step("promoted draft refused by the server; the champion serves again", started,
                       error=str(error).splitlines()[0])
             self.start_server()
+
+
+def request_line(at: float, domain: str, prompt: str, reply: Completion, gamma: int, tokenizer,
+                 provenance: dict) -> dict:
+    """A reply as a gateway in front of llama-server logs it (docs/monitor.md): its drafting counts and the
+    response, as text and token ids, with how it was served (distill/served_responses.py served_by)."""
+    return {"timestamp": at, "domain": domain, "prompt": prompt, "drafted": reply.drafted, "accepted": reply.accepted,
+            "gamma": gamma, **response_fields(tokenizer, reply.tokens, provenance)}
 
 
 def run_loop(config: ClosedLoopCommand, output_dir: Path) -> dict:

@@ -4,9 +4,10 @@ windows: 4}]' [key=value ...]
 Production traffic, replayed: each phase sends `requests_per_window` prompts of its domain in each of its windows,
 one at a time through the pair's speculative decoder, and appends one request-log line per request, as a gateway
 logs them: {"timestamp", "domain", "prompt", "drafted", "accepted", "rejected"} (rejected: the rounds whose
-acceptance test failed, from which the monitor computes per-token acceptance exactly). Timestamps are spread evenly inside each
-window from `start` on, so the monitor can judge the log with now= set after it. Prompts are each domain's
-held-out prompts (or those of replay.prompts), taken in order and reused when they run out.
+acceptance test failed, from which the monitor computes per-token acceptance exactly), and the response with how
+it was sampled ("response", "response_token_ids", "served_by": distill/served_responses.py). Timestamps are
+spread evenly inside each window from `start` on, so the monitor can judge the log with now= set after it. Prompts
+are each domain's held-out prompts (or those of replay.prompts), taken in order and reused when they run out.
 """
 
 from __future__ import annotations
@@ -24,8 +25,10 @@ from tqdm.auto import tqdm
 from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.config import DecodeConfig, PairConfig
 from decode.errors import ConfigError
+from decode.models import model_fingerprint
 from decode.pair import ModelPair, load_pair
 from distill.domains import domain_config
+from distill.served_responses import response_fields, served_by
 from eval.config import ReportConfig
 from eval.monitor.sources import parse_time
 from eval.report import prompts_by_domain
@@ -85,18 +88,24 @@ def traffic(settings: ReplayConfig) -> list[tuple[float, str, str]]:
     return requests
 
 
-def replay(pair: ModelPair, decode: DecodeConfig, settings: ReplayConfig, seed: int) -> list[dict]:
-    """Decode every request and append its log line to settings.output; -> the lines."""
+def replay(pair: ModelPair, decode: DecodeConfig, settings: ReplayConfig, seed: int,
+           target_fingerprint: str) -> list[dict]:
+    """Decode every request and append its log line to settings.output; -> the lines. target_fingerprint: the
+    target's decode/models.py model_fingerprint, which each line's served_by names."""
     decoder, sampling, policy = pair.decoder(), decode.sampling(), decode.gamma_policy()
     lines = []
     output = Path(settings.output)
     output.parent.mkdir(parents=True, exist_ok=True)
     with output.open("a", encoding="utf-8") as log_file:
         for number, (at, domain, prompt) in enumerate(tqdm(traffic(settings), desc="replay", unit="request")):
-            prompt_ids = pair.encode_chat([prompt], domain_config(domain).system_prompt)
-            metrics = decoder.generate(prompt_ids, settings.max_new_tokens, sampling, policy, seed=seed + number).metrics
+            system = domain_config(domain).system_prompt
+            prompt_ids = pair.encode_chat([prompt], system)
+            generation = decoder.generate(prompt_ids, settings.max_new_tokens, sampling, policy, seed=seed + number)
+            metrics = generation.metrics
             line = {"timestamp": at, "domain": domain, "prompt": prompt, "drafted": metrics.drafted,
-                    "accepted": metrics.accepted, "rejected": metrics.rejected}
+                    "accepted": metrics.accepted, "rejected": metrics.rejected,
+                    **response_fields(pair.tokenizer, generation.tokens[0],
+                                      served_by(target_fingerprint, sampling, settings.max_new_tokens, system))}
             log_file.write(json.dumps(line) + "\n")
             log_file.flush()  # a line at a time, as a gateway writes them
             lines.append(line)
@@ -113,7 +122,7 @@ def main(cfg: DictConfig) -> None:
         config.decode.validate()
         traffic(config.replay)  # settings and prompts checked before the models load
         pair = load_pair(config.pair.target, config.pair.draft, config.pair.check_chat_template)
-        lines = replay(pair, config.decode, config.replay, config.seed)
+        lines = replay(pair, config.decode, config.replay, config.seed, model_fingerprint(config.pair.target))
     for domain in sorted({line["domain"] for line in lines}):
         drafted = sum(line["drafted"] for line in lines if line["domain"] == domain)
         accepted = sum(line["accepted"] for line in lines if line["domain"] == domain)

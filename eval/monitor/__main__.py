@@ -19,7 +19,9 @@ never drift):
   request_logs=[/var/log/gateway/requests-*.jsonl]
       JSONL, a request a line: {"timestamp": ISO-8601 or unix seconds, "domain": "code", "prompt": "...",
       "drafted": 12, "accepted": 9, "rejected": 2, "gamma": 5}. "rejected" (rounds whose acceptance test
-      failed) makes tested exact; "gamma" (else gamma) is the most tokens a round drafted; "prompt" is optional
+      failed) makes tested exact; "gamma" (else gamma) is the most tokens a round drafted; "prompt" is optional,
+      and so is the response served to it, "response_token_ids" with "served_by" (docs/monitor.md), which the
+      retrain scores instead of answering again
   metrics=[{url: "http://vllm:8000/metrics"}, {file: saved.prom, domain: code}]
       Prometheus text scraped over HTTP (scrape_timeout_s) or read from a file:
       vLLM, llama-server  vllm: or llamacpp: spec_decode_num_drafts, _num_draft_tokens, _num_accepted_tokens,
@@ -31,8 +33,9 @@ never drift):
 
 On an alert, retrain_command starts as a job of its own, and the run returns; "{domain}" is the drifted
 domain, "{prompts}" a JSONL of recent prompts to train on (the drifted domain's, then the latest
-promotion.other_domain_prompts of each other domain), "{run_dir}" the retrain's directory, "{champion}" the
-draft promotion.current points at (to retrain from, so that the draft keeps the other domains):
+promotion.other_domain_prompts of each other domain; each with its latest served response), "{run_dir}" the
+retrain's directory, "{champion}" the draft promotion.current points at (to retrain from, so that the draft keeps
+the other domains):
   'retrain_command=[python,-m,train,"+domain={domain}","pair.draft.path={champion}","domain.extra_prompts={prompts}","run_dir={run_dir}"]'
 Later runs see it running, finished with its exit code, or killed; a failed or killed retrain runs again, in
 the same run_dir. With promotion.current=/srv/drafts/current (a symlink to the export serving now), the first run

@@ -71,6 +71,8 @@ class Observation:
     end: float
     counts: Counts
     prompt: Optional[str] = None  # a request's prompt: recent traffic, to retrain and gate on
+    # the response served to it, as distill/served_responses.py ServedResponse.fields(): the retrain scores it
+    response: Optional[dict] = None
 
 
 @dataclass

@@ -86,13 +86,26 @@ def split_traffic(recent: dict[str, list[str]], drifted: str,
     return train, gate
 
 
-def write_traffic(directory: Path, train: list[str], gate: dict[str, list[str]]) -> None:
+def train_responses(responses: dict[str, dict[str, dict]], drifted: str) -> dict[str, dict]:
+    """prompt -> the response served to it with its provenance, for the retrain's prompts: the drifted domain's
+    where two domains logged one prompt (the retrain answers under the drifted domain's system prompt)."""
+    merged: dict[str, dict] = {}
+    for domain in sorted(responses, key=lambda name: name == drifted):  # the drifted domain's last: theirs stay
+        merged.update(responses[domain])
+    return merged
+
+
+def write_traffic(directory: Path, train: list[str], gate: dict[str, list[str]],
+                  responses: Optional[dict[str, dict]] = None) -> None:
     """The retrain's prompts and the gate's, as JSONL (written once per drift: a retried retrain resumes on the
-    same data)."""
+    same data). responses: prompt -> the response served to it (response_token_ids, served_by), which the
+    retrain's generate scores instead of answering (distill/served_responses.py)."""
     directory.mkdir(parents=True, exist_ok=True)
+    responses = responses or {}
     if not (directory / TRAIN_PROMPTS).exists():
         write_jsonl(directory / TRAIN_PROMPTS,
-                    ({"id": f"traffic-{index}", "prompt": text} for index, text in enumerate(train)))
+                    ({"id": f"traffic-{index}", "prompt": text, **responses.get(text, {})}
+                     for index, text in enumerate(train)))
     if not (directory / GATE_PROMPTS).exists():
         write_jsonl(directory / GATE_PROMPTS,
                     ({"domain": domain, "prompt": text} for domain, texts in gate.items() for text in texts))

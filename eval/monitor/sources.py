@@ -23,10 +23,12 @@ from typing import Callable, Optional
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from distill.served_responses import parse_served
 from eval.monitor.config import MetricsSource, MonitorConfig
 from eval.monitor.drift import Counts, Observation, counted
 
 MALFORMED_LINE = "malformed log line"
+MALFORMED_RESPONSE = "malformed served response"  # its counts are kept, the response is not
 UNREAD_LOG = "unread request log"
 FAILED_SCRAPE = "failed scrape"
 MALFORMED_SCRAPE = "malformed scrape"
@@ -108,13 +110,17 @@ def is_count(value) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
-def parse_request(raw: bytes, default_gamma: int = MonitorConfig.gamma) -> Observation:
+def parse_request(raw: bytes, default_gamma: int = MonitorConfig.gamma,
+                  ignored: Callable[[str], None] = lambda why: None) -> Observation:
     """One request log line: {"timestamp", "domain", "prompt", "drafted", "accepted"}, and where known "rejected"
     (the rounds whose acceptance test failed: the request's tests are then exact) and "gamma" (the most tokens a
     round drafted; else `default_gamma`). The prompt may be absent (it is only needed to retrain on recent
-    traffic)."""
+    traffic), and so may the response served to it ("response_token_ids" with "served_by",
+    distill/served_responses.py): a malformed one is left out, with why passed to `ignored`, and the line counts."""
     try:
         entry = json.loads(raw)
+    except RecursionError:
+        raise ValueError("not JSON (nested too deeply)") from None
     except ValueError as error:
         raise ValueError(f"not JSON ({error})") from None
     if not isinstance(entry, dict):
@@ -140,8 +146,15 @@ def parse_request(raw: bytes, default_gamma: int = MonitorConfig.gamma) -> Obser
     if prompt is not None and not isinstance(prompt, str):
         raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
     at = parse_time(entry["timestamp"])
+    try:
+        served = parse_served(entry)
+    except ValueError as error:
+        ignored(f"{error}; the response is left out, the counts kept")
+        served = None
+    if not prompt or prompt != prompt.strip():  # a prompt is kept stripped: the retrain would ask another one
+        served = None
     return Observation(entry["domain"], at, at, counted(drafted, accepted, rejected, gamma),
-                       (prompt or "").strip() or None)
+                       (prompt or "").strip() or None, served.fields() if served else None)
 
 
 def read_request_logs(patterns: list[str], positions: dict[str, LogPosition], default_gamma: int, problems: Problems,
@@ -192,10 +205,12 @@ def read_new_requests(path: Path, position: LogPosition, default_gamma: int, pro
                 position.line += 1
                 if not raw.strip():
                     continue
+                where = f"{path}:{position.line}"
                 try:
-                    observation = parse_request(raw, default_gamma)
+                    observation = parse_request(raw, default_gamma,
+                                                lambda why: problems.add(MALFORMED_RESPONSE, f"{where}: {why}"))
                 except ValueError as error:
-                    problems.add(MALFORMED_LINE, f"{path}:{position.line}: {error}")
+                    problems.add(MALFORMED_LINE, f"{where}: {error}")
                 else:
                     record(observation)
     except OSError as error:

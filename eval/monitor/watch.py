@@ -32,7 +32,7 @@ from eval.monitor.config import MonitorConfig
 from eval.monitor.drift import (LOW, NO_DATA, Alert, Counts, DomainState, LowWindow, Observation, Retrain, WindowResult,
                                 add_observation, iso_minute, judge, take_complete_windows, track, window_of)
 from eval.monitor.promotion import (GATE_PROMPTS, KEEP, TRAIN_PROMPTS, GateResult, check_current, promote, run_gate,
-                                    served_draft, split_traffic, write_traffic)
+                                    served_draft, split_traffic, train_responses, write_traffic)
 from eval.monitor.sources import (CounterReading, LogPosition, Problems, is_domain_name, parse_time, read_metrics,
                                   read_request_logs)
 
@@ -53,6 +53,9 @@ class MonitorState:
     counters: dict[str, dict[str, CounterReading]] = field(default_factory=dict)  # source -> series -> last reading
     domains: dict[str, DomainState] = field(default_factory=dict)
     recent_prompts: dict[str, list[str]] = field(default_factory=dict)  # domain -> latest distinct prompts, oldest first
+    # domain -> prompt -> the latest response served to it, with how (distill/served_responses.py fields()); only
+    # for prompts in recent_prompts. A state without it (written before responses were kept) reads as none
+    recent_responses: dict[str, dict[str, dict]] = field(default_factory=dict)
 
 
 @dataclass
@@ -224,20 +227,32 @@ def collect(config: MonitorConfig, state: MonitorState, now: float, outcome: Run
         late = add_observation(domain_state, observation, config.window_s, state.judged_until)
         outcome.late[observation.domain] = outcome.late.get(observation.domain, Counts()) + late
         if observation.prompt:
-            remember(state.recent_prompts.setdefault(observation.domain, []), observation.prompt,
-                     config.recent_prompts)
+            forgotten = remember(state.recent_prompts.setdefault(observation.domain, []), observation.prompt,
+                                 config.recent_prompts)
+            remember_response(state.recent_responses, observation, forgotten)
 
     state.log_positions = read_request_logs(config.request_logs, state.log_positions, config.gamma, outcome.problems,
                                             record)
     state.counters = read_metrics(config, state.counters, now, outcome.problems, record)
 
 
-def remember(recent: list[str], prompt: str, keep: int) -> None:
-    """Keep the latest `keep` distinct prompts: one seen again moves to the end."""
+def remember(recent: list[str], prompt: str, keep: int) -> list[str]:
+    """Keep the latest `keep` distinct prompts: one seen again moves to the end; -> the prompts let go."""
     if prompt in recent:
         recent.remove(prompt)
     recent.append(prompt)
+    forgotten = recent[:-keep]
     del recent[:-keep]
+    return forgotten
+
+
+def remember_response(responses: dict[str, dict[str, dict]], observation: Observation, forgotten: list[str]) -> None:
+    """Keep the latest response served to each recent prompt (one logged without a response keeps the earlier)."""
+    if observation.response is not None:
+        responses.setdefault(observation.domain, {})[observation.prompt] = observation.response
+    kept = responses.get(observation.domain, {})
+    for prompt in forgotten:
+        kept.pop(prompt, None)
 
 
 def report_problems(outcome: RunOutcome, state: MonitorState) -> None:
@@ -356,7 +371,7 @@ def start_retrain(config: MonitorConfig, state: MonitorState, state_dir: Path, d
         retrain.run_dir = str((state_dir / "retrains" / f"{domain}-{stamp}").resolve())
     run_dir = Path(retrain.run_dir)
     train, gate = split_traffic(state.recent_prompts, domain, config.promotion)
-    write_traffic(run_dir / "traffic", train, gate)
+    write_traffic(run_dir / "traffic", train, gate, train_responses(state.recent_responses, domain))
     substitutions = {"{domain}": domain, "{prompts}": str(run_dir / "traffic" / TRAIN_PROMPTS),
                      "{run_dir}": str(run_dir)}
     if config.promotion.current:  # resolved now: the retrain starts from the draft serving when it drifted
@@ -484,7 +499,7 @@ def load_state(path: Path) -> MonitorState:
             counters={source: {series: CounterReading(**reading) for series, reading in by_series.items()}
                       for source, by_series in data["counters"].items()},
             domains={domain: domain_state_from_json(value) for domain, value in data["domains"].items()},
-            recent_prompts=data.get("recent_prompts", {}))
+            recent_prompts=data.get("recent_prompts", {}), recent_responses=data.get("recent_responses", {}))
     except (OSError, ValueError, KeyError, TypeError, AttributeError) as error:
         raise ConfigError(f"monitor state {path} cannot be read ({type(error).__name__}: {error}); move it aside "
                           "to start afresh (the windows in progress and the open alerts are lost)") from None
