@@ -74,7 +74,7 @@ def acceptance_chance(draft_logits: torch.Tensor, target_top_logprobs: torch.Ten
 
 
 class DistillationRecipe:
-    """The one training recipe: the loop, the loss, validation, on-policy mixing, checkpoints and the processes
+    """The one training recipe: the loop, the loss, validation, on-policy data, checkpoints and the processes
     around them; the draft's kind supplies what differs (its TrainingObjective: what the draft computes from a
     batch, the collation, the bf16 probe, the FSDP unit rule and the draft to save)."""
 
