@@ -100,9 +100,9 @@ def _served(tokens, provenance) -> ServedResponse:
     if not isinstance(provenance, dict):
         raise ValueError(f"{SERVED_BY} must be an object, got {type(provenance).__name__}")
     target, system = provenance.get("target"), provenance.get("system")
-    if not isinstance(target, str) or not 0 < len(target) <= MAX_TARGET_CHARS:
+    if not is_text(target) or not 0 < len(target) <= MAX_TARGET_CHARS:
         raise ValueError(f"{SERVED_BY}.target must be a model fingerprint, a non-empty string")
-    if system is not None and not isinstance(system, str):
+    if system is not None and not is_text(system):
         raise ValueError(f"{SERVED_BY}.system must be a string or null")
     temperature, top_p = _number(provenance, "temperature"), _number(provenance, "top_p")
     top_k, max_new_tokens = provenance.get("top_k"), provenance.get("max_new_tokens")
@@ -114,6 +114,17 @@ def _served(tokens, provenance) -> ServedResponse:
     if len(tokens) > max_new_tokens:
         raise ValueError(f"{len(tokens)} response tokens, more than the {SERVED_BY}.max_new_tokens {max_new_tokens}")
     return ServedResponse(tuple(tokens), target, temperature, top_k, top_p, max_new_tokens, system)
+
+
+def is_text(value) -> bool:
+    """A string that UTF-8 can write: JSON's escapes can make one that cannot (a lone surrogate, "\\ud800")."""
+    if not isinstance(value, str):
+        return False
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _is_int(value) -> bool:

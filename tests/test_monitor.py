@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -410,10 +411,10 @@ def test_request_logs_are_read_once_across_runs_through_rotation_and_half_writte
 
 
 class MetricsServer:
-    """A loopback /metrics endpoint whose status and body the test sets."""
+    """A loopback /metrics endpoint whose status and body the test sets; seconds_a_byte: sent a byte at a time."""
 
     def __init__(self):
-        page = self.page = {"status": 200, "body": ""}
+        page = self.page = {"status": 200, "body": "", "seconds_a_byte": 0}
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self):
@@ -422,7 +423,16 @@ class MetricsServer:
                 self.send_header("Content-Type", "text/plain; version=0.0.4")
                 self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
-                self.wfile.write(body)
+                if not page["seconds_a_byte"]:
+                    self.wfile.write(body)
+                    return
+                try:
+                    for byte in body:
+                        self.wfile.write(bytes([byte]))
+                        self.wfile.flush()
+                        time.sleep(page["seconds_a_byte"])
+                except OSError:  # the client gave up
+                    pass
 
             def log_message(self, *args):
                 pass

@@ -15,7 +15,7 @@ llama-server --spec-draft-n-max, vLLM num_speculative_tokens), assuming every ro
 is accepted independently with one probability; the window's line says so.
 
 Sources (at least one; a malformed line or scrape, or a failed scrape, is counted and reported, never fatal,
-never drift):
+never drift; so is a log line dated more than 5 minutes after the present, which is not counted):
   request_logs=[/var/log/gateway/requests-*.jsonl]
       JSONL, a request a line: {"timestamp": ISO-8601 or unix seconds, "domain": "code", "prompt": "...",
       "drafted": 12, "accepted": 9, "rejected": 2, "gamma": 5}. "rejected" (rounds whose acceptance test
@@ -42,14 +42,16 @@ the same run_dir. With promotion.current=/srv/drafts/current (a symlink to the e
 after a retrain succeeded gates the challenger against the champion on recent prompts it was not trained on, and
 promotes it only if it wins (promotion.*: docs/monitor.md): current then points at <run_dir>/export (one rename)
 and promotion.reload_command runs; if that fails, current points at the champion again.
-The state lives in state_dir; a run started while another holds its lock does nothing and exits 0.
+The state lives in state_dir; a run started while another holds its lock does nothing and exits 0. A run stops
+reading its sources after max_run_s (600) seconds, judges nothing, writes the state and exits 2; the next run
+reads on.
 now=2025-06-01T12:00:00Z replays old logs as of that time.
 
 Exit codes:
   0  healthy, or no data
   1  drift: an alert was raised this run
   2  an error in the monitor's configuration or input (no source configured, an unreadable state,
-     an override that does not apply)
+     an override that does not apply), or a run stopped at max_run_s
 """
 
 import sys

@@ -52,6 +52,9 @@ class MonitorConfig:
     domain_label: str = "model_name"  # the label whose value names a series' domain through `domains`
     domains: Dict[str, str] = field(default_factory=dict)  # label value -> domain
     scrape_timeout_s: float = 10.0
+    # a run stops reading its sources after this long, judges nothing, writes the state and exits 2; the next run
+    # reads on. Well under the time between runs, so that no run holds the lock the next one needs
+    max_run_s: float = 600.0
     window_s: int = 3600  # windows aligned to the epoch
     min_drafted: int = 200  # a window with fewer drafted tokens has no data
     # a window whose per-token acceptance (accepted / tested) is below it is low; or "break_even": the acceptance

@@ -1,9 +1,10 @@
 """Production acceptance from what serving leaves behind: request logs and Prometheus metrics.
 
-Nothing a source gives stops the monitor or looks like drift: a malformed line or scrape is counted, reported
-with where it is and skipped, and a failed scrape is recorded and yields nothing. Where a source counts the
-rounds whose acceptance test failed, a window's acceptance tests are exact; where it does not, they are
-estimated from accepted / drafted at the gamma the tokens were drafted at (estimates.py).
+Nothing a source gives stops the monitor, hangs it or looks like drift: every field is untrusted and bounded, a
+malformed line or scrape is counted, reported with where it is and skipped, and a failed scrape is recorded and
+yields nothing. Where a source counts the rounds whose acceptance test failed, a window's acceptance tests are
+exact; where it does not, they are estimated from accepted / drafted at the gamma the tokens were drafted at
+(estimates.py).
 """
 
 from __future__ import annotations
@@ -13,19 +14,20 @@ import http.client
 import json
 import math
 import re
+import time
 import urllib.request
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable, Iterator, Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
-from distill.served_responses import parse_served
+from distill.served_responses import is_text, parse_served
 from eval.monitor.config import MetricsSource, MonitorConfig
-from eval.monitor.drift import Counts, Observation, counted
+from eval.monitor.drift import Counts, Observation, counted, iso_minute
 
 MALFORMED_LINE = "malformed log line"
 MALFORMED_RESPONSE = "malformed served response"  # its counts are kept, the response is not
@@ -35,6 +37,23 @@ MALFORMED_SCRAPE = "malformed scrape"
 MALFORMED_SAMPLE = "malformed sample"
 NO_DOMAIN = "series without a domain"
 COUNTER_GAP = "counter gap"
+FUTURE_LINE = "log line from the future"
+OUT_OF_TIME = "run out of time"  # max_run_s: what is left is read on the next run
+
+# What one line or scrape may hold; beyond it, it is malformed, never a reason to crash or hang.
+# vLLM and llama-server draft a few tokens a round, EAGLE trees a few dozen: beyond 128, acceptance^gamma has long
+# vanished, and the estimate's work grows with gamma squared
+MAX_GAMMA = 128
+MAX_REQUEST_TOKENS = 10**9  # no request drafts a billion tokens
+MAX_COUNTER = 2**53  # a float counter beyond it no longer counts by ones
+LATEST_TIME = 253_402_300_799  # 9999-12-31T23:59:59Z, the last second a date names; the earliest is the epoch
+# a log line dated later than the present by more is from the future, and not counted. The present is the wall
+# clock's: a replay (now= earlier) counts the lines after its now as their windows come
+CLOCK_SKEW_S = 300
+MAX_LINE_BYTES = 4 * 2**20  # a prompt and its response of 32,768 tokens take a fraction of it
+MAX_SCRAPE_BYTES = 8 * 2**20  # vLLM's /metrics is a few hundred KiB; the parser reads about 4 MiB/s
+MAX_SERIES_NAME = 1000  # characters of an engine and its label set
+MAX_DOMAIN_NAME = 100  # characters: a domain names files
 
 # The speculative-decoding counters of vLLM and of llama-server (b11434), named without the `_total` of their
 # samples: rounds drafted, tokens drafted, tokens accepted, and rounds that accepted the token at each draft
@@ -55,7 +74,9 @@ POSITION = "position"
 # by, so each scrape is one sample and a window's samples count equally.
 RATE_GAUGE = "sglang:spec_accept_rate"
 
-DOMAIN_NAME = re.compile(r"[A-Za-z0-9_.-]+")
+DOMAIN_NAME = re.compile(r"(?!\.+$)[A-Za-z0-9_.-]{1,%d}" % MAX_DOMAIN_NAME)
+DOMAIN_NAME_RULE = f"a name of 1 to {MAX_DOMAIN_NAME} letters, digits, _ . -, not only dots"
+POSITION_LABEL = re.compile(r"[0-9]{1,3}")
 
 Record = Callable[[Observation], None]
 
@@ -64,6 +85,7 @@ class Problems:
     """What the sources could not give, counted by kind; the first few of each kind kept, with where and why."""
 
     shown = 5
+    longest = 400  # characters of an example: a hostile value is shown in part
 
     def __init__(self):
         self.counts: Counter[str] = Counter()
@@ -73,11 +95,13 @@ class Problems:
         self.counts[kind] += 1
         examples = self.examples.setdefault(kind, [])
         if len(examples) < self.shown:
-            examples.append(where_and_why)
+            cut = len(where_and_why) > self.longest
+            examples.append(where_and_why[:self.longest] + (f"... ({len(where_and_why)} characters)" if cut else ""))
 
 
 def parse_time(value) -> float:
-    """Unix seconds from unix seconds (a number or its string) or ISO-8601 (UTC when it names no zone)."""
+    """Unix seconds from unix seconds (a number or its string) or ISO-8601 (UTC when it names no zone), from the
+    epoch to the year 9999."""
     if isinstance(value, str):
         try:
             value = float(value)
@@ -86,14 +110,16 @@ def parse_time(value) -> float:
                 moment = datetime.fromisoformat(value)
             except ValueError:
                 raise ValueError(f"timestamp {value!r} is neither ISO-8601 nor unix seconds") from None
-            return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            value = (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ValueError(f"timestamp {value!r} is neither ISO-8601 nor unix seconds")
+    if not 0 <= value <= LATEST_TIME:  # compared, not converted: an integer of 400 digits has no float
+        raise ValueError(f"timestamp {value!r} is not a time from 1970 to 9999")
     return float(value)
 
 
 def is_domain_name(name) -> bool:
-    """Domains name files and are passed to the retrain command: letters, digits, `_`, `.` and `-` only."""
+    """Domains name files and are passed to the retrain command: DOMAIN_NAME_RULE."""
     return isinstance(name, str) and DOMAIN_NAME.fullmatch(name) is not None
 
 
@@ -106,8 +132,8 @@ class LogPosition:
     line: int = 0  # lines read, for file:line in reports
 
 
-def is_count(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+def is_count(value, most: int = MAX_REQUEST_TOKENS) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= most
 
 
 def parse_request(raw: bytes, default_gamma: int = MonitorConfig.gamma,
@@ -131,20 +157,20 @@ def parse_request(raw: bytes, default_gamma: int = MonitorConfig.gamma,
     drafted, accepted, rejected = entry["drafted"], entry["accepted"], entry.get("rejected")
     if not (is_count(drafted) and is_count(accepted) and (rejected is None or is_count(rejected))):
         raise ValueError(f"drafted {drafted!r}, accepted {accepted!r} and rejected {rejected!r} must be counts "
-                         "(integers >= 0)")
+                         f"(integers from 0 to {MAX_REQUEST_TOKENS})")
     if accepted > drafted:
         raise ValueError(f"accepted {accepted} > drafted {drafted}")
     if rejected is not None and not min(drafted, 1) <= accepted + rejected <= drafted:
         raise ValueError(f"rejected {rejected}: a round tests its first drafted token, and each rejection is a "
                          f"drafted token not accepted ({accepted} of {drafted} were)")
     gamma = entry.get("gamma", default_gamma)
-    if not (is_count(gamma) and gamma >= 1):
-        raise ValueError(f"gamma {gamma!r} must be an integer >= 1")
+    if not (is_count(gamma, MAX_GAMMA) and gamma >= 1):
+        raise ValueError(f"gamma {gamma!r} must be an integer from 1 to {MAX_GAMMA}")
     if not is_domain_name(entry["domain"]):
-        raise ValueError(f"domain {entry['domain']!r} is not a name of letters, digits, _ . -")
+        raise ValueError(f"domain {entry['domain']!r} is not {DOMAIN_NAME_RULE}")
     prompt = entry.get("prompt")
-    if prompt is not None and not isinstance(prompt, str):
-        raise ValueError(f"prompt must be a string, got {type(prompt).__name__}")
+    if prompt is not None and not is_text(prompt):
+        raise ValueError(f"prompt {prompt!r} is not text (a string that UTF-8 can write)")
     at = parse_time(entry["timestamp"])
     try:
         served = parse_served(entry)
@@ -157,15 +183,16 @@ def parse_request(raw: bytes, default_gamma: int = MonitorConfig.gamma,
                        (prompt or "").strip() or None, served.fields() if served else None)
 
 
-def read_request_logs(patterns: list[str], positions: dict[str, LogPosition], default_gamma: int, problems: Problems,
-                      record: Record) -> dict[str, LogPosition]:
-    """Record the requests logged since the last run; -> where reading stopped in each file.
+def read_request_logs(config: MonitorConfig, positions: dict[str, LogPosition], now: float, deadline: float,
+                      problems: Problems, record: Record) -> dict[str, LogPosition]:
+    """Record the requests logged since the last run, until the monotonic `deadline`; -> where reading stopped in
+    each file.
 
     Files are known by device and inode, so a log that rotation renames is not read again, and one
     truncated in place is read from its start; a file no longer matched is forgotten.
     """
     read: dict[str, LogPosition] = {}
-    for path in log_files(patterns, problems):
+    for path in log_files(config.request_logs, problems):
         try:
             stat = path.stat()
         except OSError as error:
@@ -179,7 +206,8 @@ def read_request_logs(patterns: list[str], positions: dict[str, LogPosition], de
             position = LogPosition(str(path))
         position.path = str(path)
         read[identity] = position
-        read_new_requests(path, position, default_gamma, problems, record)
+        read_new_requests(path, position, config.gamma, max(now, time.time()) + CLOCK_SKEW_S, deadline, problems,
+                          record)
     return read
 
 
@@ -193,28 +221,52 @@ def log_files(patterns: list[str], problems: Problems) -> list[Path]:
     return files
 
 
-def read_new_requests(path: Path, position: LogPosition, default_gamma: int, problems: Problems,
-                      record: Record) -> None:
+def read_new_requests(path: Path, position: LogPosition, default_gamma: int, latest: float, deadline: float,
+                      problems: Problems, record: Record) -> None:
+    """Record the complete lines after `position`, moving it on; a line dated after `latest` is not counted."""
     try:
         with open(path, "rb") as handle:
             handle.seek(position.offset)
-            for raw in handle:
-                if not raw.endswith(b"\n"):
-                    break  # still being written: read on the next run
-                position.offset += len(raw)
+            for length, raw in complete_lines(handle):
+                if time.monotonic() > deadline:
+                    problems.add(OUT_OF_TIME, f"{path}: read to line {position.line}, the rest on the next run")
+                    return
+                position.offset += length
                 position.line += 1
+                where = f"{path}:{position.line}"
+                if raw is None:
+                    problems.add(MALFORMED_LINE, f"{where}: longer than {MAX_LINE_BYTES} bytes")
+                    continue
                 if not raw.strip():
                     continue
-                where = f"{path}:{position.line}"
                 try:
                     observation = parse_request(raw, default_gamma,
                                                 lambda why: problems.add(MALFORMED_RESPONSE, f"{where}: {why}"))
-                except ValueError as error:
-                    problems.add(MALFORMED_LINE, f"{where}: {error}")
-                else:
-                    record(observation)
+                except Exception as error:  # whatever a line makes parsing raise is the line's fault: never fatal
+                    problems.add(MALFORMED_LINE, f"{where}: {error}" if isinstance(error, ValueError) else
+                                 f"{where}: {type(error).__name__}: {error}")
+                    continue
+                if observation.end > latest:
+                    problems.add(FUTURE_LINE, f"{where}: dated {iso_minute(observation.end)}, more than "
+                                              f"{CLOCK_SKEW_S} s from now: not counted (is its clock right?)")
+                    continue
+                record(observation)
     except OSError as error:
         problems.add(UNREAD_LOG, f"{path}: {error.strerror}")
+
+
+def complete_lines(handle) -> Iterator[tuple[int, Optional[bytes]]]:
+    """(bytes, line) for each complete line from where `handle` is; a line longer than MAX_LINE_BYTES is passed
+    over, not held: (bytes, None). Stops at a line still being written, to be read on the next run."""
+    while True:
+        line = handle.readline(MAX_LINE_BYTES)
+        length, tail = len(line), line
+        while len(tail) == MAX_LINE_BYTES and not tail.endswith(b"\n"):
+            tail = handle.readline(MAX_LINE_BYTES)
+            length += len(tail)
+        if not tail.endswith(b"\n"):
+            return
+        yield length, line if length == len(line) else None
 
 
 # Prometheus metrics ----------------------------------------------------------------------------------------
@@ -237,7 +289,7 @@ def parse_exposition(text: str) -> list[Sample]:
     scrape is taken whole or not at all, so that no series' counters are read from half of one."""
     try:
         return [sample for family in text_string_to_metric_families(text) for sample in family.samples]
-    except (ValueError, IndexError) as error:  # IndexError: from some malformed label sets
+    except Exception as error:  # what the parser raises on hostile text is not documented: all of it is malformed
         raise ValueError(f"not Prometheus text exposition ({type(error).__name__}: {error})") from None
 
 
@@ -257,8 +309,14 @@ def counter_readings(samples: list[Sample], at: float, where: str, problems: Pro
         position = sample.labels.get(POSITION, "")
         at_position = role == "per_position"
         what = f"{sample.name} of {series}" + (f" at position {position!r}" if at_position else "")
-        if not (math.isfinite(sample.value) and sample.value >= 0) or (at_position and not position.isdigit()):
-            problems.add(MALFORMED_SAMPLE, f"{where}: {what} is {sample.value}, not a count")
+        if len(series) > MAX_SERIES_NAME:
+            problems.add(MALFORMED_SAMPLE, f"{where}: {what}: labels longer than {MAX_SERIES_NAME} characters")
+            continue
+        if not 0 <= sample.value <= MAX_COUNTER:  # also NaN
+            problems.add(MALFORMED_SAMPLE, f"{where}: {what} is {sample.value}, not a count up to 2^53")
+            continue
+        if at_position and not (POSITION_LABEL.fullmatch(position) and int(position) < MAX_GAMMA):
+            problems.add(MALFORMED_SAMPLE, f"{where}: {what}: a position is 0 to {MAX_GAMMA - 1}")
             continue
         entry = values.setdefault(series, {"labels": labels, "per_position": {}})
         if at_position:
@@ -307,12 +365,21 @@ def increase(previous: CounterReading, current: CounterReading, default_gamma: i
     return counted(drafted, accepted, None, gamma or default_gamma)
 
 
-def fetch(source: MetricsSource, timeout_s: float) -> str:
+def fetch(source: MetricsSource, timeout_s: float) -> bytes:
+    """The scrape's body, MAX_SCRAPE_BYTES and one more at most; TimeoutError when it takes past `timeout_s` (the
+    socket's timeout alone would wait on a server that sends a byte at a time for ever)."""
     if source.file is not None:
-        return Path(source.file).read_text(encoding="utf-8")
+        with open(source.file, "rb") as handle:
+            return handle.read(MAX_SCRAPE_BYTES + 1)
+    ends = time.monotonic() + timeout_s
     request = urllib.request.Request(source.url, headers={"Accept": "text/plain; version=0.0.4"})
+    body = bytearray()
     with urllib.request.urlopen(request, timeout=timeout_s) as response:
-        return response.read().decode("utf-8")
+        while len(body) <= MAX_SCRAPE_BYTES and (chunk := response.read1(2**16)):
+            body += chunk
+            if time.monotonic() > ends:
+                raise TimeoutError(f"not read whole in scrape_timeout_s ({timeout_s:g} s)")
+    return bytes(body[:MAX_SCRAPE_BYTES + 1])
 
 
 class ScrapeError(Exception):
@@ -323,26 +390,31 @@ class ScrapeError(Exception):
 
 def scrape(source: MetricsSource, timeout_s: float) -> list[Sample]:
     try:
-        text = fetch(source, timeout_s)
-    except (OSError, ValueError, http.client.HTTPException) as error:  # ValueError: a body that is not UTF-8
+        body = fetch(source, timeout_s)
+    except (OSError, ValueError, http.client.HTTPException) as error:
         raise ScrapeError(FAILED_SCRAPE, str(error)) from None
+    if len(body) > MAX_SCRAPE_BYTES:
+        raise ScrapeError(MALFORMED_SCRAPE, f"longer than {MAX_SCRAPE_BYTES} bytes")
     try:
-        return parse_exposition(text)
-    except ValueError as error:
+        return parse_exposition(body.decode("utf-8"))
+    except ValueError as error:  # UnicodeDecodeError too
         raise ScrapeError(MALFORMED_SCRAPE, str(error)) from None
 
 
-def read_metrics(config: MonitorConfig, readings: dict[str, dict[str, CounterReading]], now: float,
+def read_metrics(config: MonitorConfig, readings: dict[str, dict[str, CounterReading]], now: float, deadline: float,
                  problems: Problems, record: Record) -> dict[str, dict[str, CounterReading]]:
-    """Scrape each source at `now`; record its counters' increases since the last scrape and its gauge samples.
+    """Scrape each source at `now`, until the monotonic `deadline`; record its counters' increases since the last
+    scrape and its gauge samples.
 
-    -> the counter readings to keep, by source. A failed or malformed scrape keeps the last ones, so that the
-    next scrape covers the gap.
+    -> the counter readings to keep, by source. A failed, malformed or skipped scrape keeps the last ones, so that
+    the next scrape covers the gap.
     """
     kept = {}
     for source in config.metrics:
         where = source.url or source.file
         try:
+            if time.monotonic() > deadline:
+                raise ScrapeError(OUT_OF_TIME, "not scraped: scraped on the next run")
             samples = scrape(source, config.scrape_timeout_s)
         except ScrapeError as error:
             problems.add(error.kind, f"{where}: {error}")

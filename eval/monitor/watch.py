@@ -33,8 +33,8 @@ from eval.monitor.drift import (LOW, NO_DATA, Alert, Counts, DomainState, LowWin
                                 add_observation, iso_minute, judge, take_complete_windows, track, window_of)
 from eval.monitor.promotion import (GATE_PROMPTS, KEEP, TRAIN_PROMPTS, GateResult, check_current, promote, run_gate,
                                     served_draft, split_traffic, train_responses, write_traffic)
-from eval.monitor.sources import (CounterReading, LogPosition, Problems, is_domain_name, parse_time, read_metrics,
-                                  read_request_logs)
+from eval.monitor.sources import (DOMAIN_NAME_RULE, MAX_GAMMA, OUT_OF_TIME, CounterReading, LogPosition, Problems,
+                                  is_domain_name, parse_time, read_metrics, read_request_logs)
 
 EXIT_HEALTHY, EXIT_DRIFT, EXIT_ERROR = 0, 1, ConfigError.exit_code
 STATE_FILE, LOCK_FILE, STATE_VERSION = "state.json", "monitor.lock", 2
@@ -70,8 +70,13 @@ class RunOutcome:
     late: dict[str, Counts] = field(default_factory=dict)  # by domain: arrived for windows already judged
 
     @property
+    def out_of_time(self) -> bool:
+        """The run stopped reading at max_run_s: it judged nothing, and the next run reads on."""
+        return OUT_OF_TIME in self.problems.counts
+
+    @property
     def exit_code(self) -> int:
-        return EXIT_DRIFT if self.alerts else EXIT_HEALTHY
+        return EXIT_DRIFT if self.alerts else EXIT_ERROR if self.out_of_time else EXIT_HEALTHY
 
 
 def run(config: MonitorConfig) -> RunOutcome:
@@ -99,14 +104,19 @@ def watch(config: MonitorConfig, state_dir: Path, threshold: float,
           now: float) -> tuple[RunOutcome, list[tuple[str, str]]]:
     """The part of a run under the monitor's lock; -> its outcome so far, and the (domain, run_dir) of each
     retrained challenger to gate."""
+    deadline = time.monotonic() + config.max_run_s
     remove_stale_staging(state_dir)
     state_path = state_dir / STATE_FILE
     state = load_state(state_path)
     outcome = RunOutcome(threshold)
     follow_retrains(state, outcome)
-    collect(config, state, now, outcome)
+    collect(config, state, now, deadline, outcome)
     report_problems(outcome, state)
-    judge_complete_windows(config, state, now, threshold, outcome)
+    if outcome.out_of_time:  # a complete window's lines may be among those not read yet
+        log.error("stopped reading at max_run_s=%g s: no window is judged; the next run reads on from here (if "
+                  "runs keep stopping, raise max_run_s or run more often)", config.max_run_s)
+    else:
+        judge_complete_windows(config, state, now, threshold, outcome)
     if config.retrain_command:
         start_retrains(config, state, state_dir, now, outcome)
     write_json(state_path, state_as_json(state))  # nothing of this run is kept before: a killed run is redone whole
@@ -126,10 +136,10 @@ def validate(config: MonitorConfig) -> None:
     named = [source.domain for source in config.metrics if source.domain is not None] + list(config.domains.values())
     for domain in named:
         if not is_domain_name(domain):
-            raise ConfigError(f"monitor: domain {domain!r} is not a name of letters, digits, _ . -")
+            raise ConfigError(f"monitor: domain {domain!r} is not {DOMAIN_NAME_RULE}")
     checks = {"window_s > 0": config.window_s > 0, "min_drafted >= 1": config.min_drafted >= 1,
-              "gamma >= 1": config.gamma >= 1, "alert_after >= 1": config.alert_after >= 1,
-              "scrape_timeout_s > 0": config.scrape_timeout_s > 0}
+              f"1 <= gamma <= {MAX_GAMMA}": 1 <= config.gamma <= MAX_GAMMA, "alert_after >= 1": config.alert_after >= 1,
+              "scrape_timeout_s > 0": config.scrape_timeout_s > 0, "max_run_s > 0": config.max_run_s > 0}
     for rule, holds in checks.items():
         if not holds:
             raise ConfigError(f"monitor: need {rule}")
@@ -221,7 +231,7 @@ def held(lock: FileLock, timeout: float) -> Iterator[bool]:
         lock.release()
 
 
-def collect(config: MonitorConfig, state: MonitorState, now: float, outcome: RunOutcome) -> None:
+def collect(config: MonitorConfig, state: MonitorState, now: float, deadline: float, outcome: RunOutcome) -> None:
     def record(observation: Observation) -> None:
         domain_state = state.domains.setdefault(observation.domain, DomainState())
         late = add_observation(domain_state, observation, config.window_s, state.judged_until)
@@ -231,9 +241,8 @@ def collect(config: MonitorConfig, state: MonitorState, now: float, outcome: Run
                                  config.recent_prompts)
             remember_response(state.recent_responses, observation, forgotten)
 
-    state.log_positions = read_request_logs(config.request_logs, state.log_positions, config.gamma, outcome.problems,
-                                            record)
-    state.counters = read_metrics(config, state.counters, now, outcome.problems, record)
+    state.log_positions = read_request_logs(config, state.log_positions, now, deadline, outcome.problems, record)
+    state.counters = read_metrics(config, state.counters, now, deadline, outcome.problems, record)
 
 
 def remember(recent: list[str], prompt: str, keep: int) -> list[str]:
