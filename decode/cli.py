@@ -8,15 +8,25 @@ docstring of its module: `register_help` makes it the text of `--help`, above th
 
 from __future__ import annotations
 
+import dataclasses
+import difflib
 import sys
+import typing
 from contextlib import contextmanager
+from importlib.resources import files
 from typing import Iterator
 
+from hydra import compose, initialize_config_module
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
-from decode.errors import SpecdraftError
+from decode.errors import ConfigError, SpecdraftError
 
 CONFIG_PATH = "pkg://conf"
+# the lines of Hydra's and OmegaConf's messages about their own workings, left out of a user's error
+HYDRA_DETAILS = ("Config search path", "provider=", "reference_type=", "object_type=")
 
 
 _HELP: dict[str, str] = {}
@@ -39,3 +49,45 @@ def exit_on_user_error() -> Iterator[None]:
     except SpecdraftError as error:
         print(f"error: {error}", file=sys.stderr)
         sys.exit(error.exit_code)
+
+
+def check_command_line(config_name: str, schema: type, arguments: list[str]) -> None:
+    """What Hydra refuses on its own (an unknown option of a group, a mistyped key, a wrong type) as a user's
+    error, and any key the schema does not have: Hydra's advice for a mistyped key, `+key=value`, would add it
+    for the dataclasses to drop silently. Hydra's own flags (--help, --cfg, -m) are left to Hydra."""
+    if any(argument.startswith("-") for argument in arguments):
+        return
+    try:
+        for override in OverridesParser.create().parse_overrides(arguments):
+            check_key(schema, override.key_or_group)
+        with initialize_config_module(config_module="conf", version_base=None):
+            compose(config_name, overrides=arguments)
+    except (HydraException, OmegaConfBaseException) as error:
+        cause = error.__cause__
+        text = f"{error}: {cause}" if cause is not None and str(cause) not in str(error) else str(error)
+        lines = [line.strip() for line in text.splitlines()]
+        raise ConfigError(" ".join(line for line in lines if line and not line.startswith(HYDRA_DETAILS))) from None
+
+
+def check_key(schema: type, key: str) -> None:
+    """`key` (section.name...) is one of the schema's dataclass fields or a config group; below a field that is
+    no dataclass (a dict, a list) any key goes."""
+    if key == "hydra" or key.startswith("hydra.") or "/" in key:  # Hydra's own, or a group by its path
+        return
+    parts = key.split(".")
+    node = schema
+    for depth, part in enumerate(parts):
+        hints = typing.get_type_hints(node)
+        names = [field.name for field in dataclasses.fields(node)]
+        if depth == 0:
+            names += [group.name for group in files("conf").iterdir() if group.is_dir() and group.name[0] != "_"]
+        if part not in names:
+            section = ".".join(parts[:depth])
+            closest = difflib.get_close_matches(part, names, n=1)
+            suggestion = f"; did you mean {'.'.join([*parts[:depth], closest[0]])}?" if closest else ""
+            raise ConfigError(f"unknown key {key}: {section or 'the configuration'} has no {part!r}{suggestion} "
+                              f"(--help lists every key)")
+        node = next((kind for kind in (hints.get(part), *typing.get_args(hints.get(part)))
+                     if dataclasses.is_dataclass(kind)), None)
+        if node is None:
+            return

@@ -16,11 +16,13 @@ import importlib.util
 import logging
 import os
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional
 
 import torch
+from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from decode.errors import PairError
@@ -72,6 +74,10 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
     return dtype
 
 
+# what can name a model on the Hugging Face hub: name or owner/name, neither starting with a dot
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*(/[A-Za-z0-9][\w.-]*)?")
+
+
 def locate(spec: ModelSpec) -> tuple[str, str | None]:
     """-> (directory or hub id, GGUF file name inside it or None)."""
     if not spec.path:
@@ -97,7 +103,38 @@ def locate(spec: ModelSpec) -> tuple[str, str | None]:
     if Path(path).exists() and not Path(path, "config.json").is_file():
         raise PairError(f"{path} has no config.json: give a model directory, an export directory, a .gguf file "
                         f"or a hub id")
+    if not Path(path).exists() and not HUB_ID.fullmatch(path):
+        raise PairError(f"{path} does not exist: give a model directory, an export directory, a .gguf file or a "
+                        f"hub id")
     return path, None
+
+
+@contextmanager
+def loading_errors(spec: ModelSpec, source: str):
+    """Errors loading the model at `source` as the user's: the weights file that cannot be read, named; a hub id
+    neither found locally nor reachable, said so (not the hub's advice about the internet)."""
+    try:
+        yield
+    except SafetensorError as error:
+        unreadable = next((file for file in sorted(Path(source).glob("*.safetensors")) if not _readable(file)),
+                          source)
+        raise PairError(f"{unreadable} cannot be read ({error}): truncated or corrupt; copy or download it "
+                        f"again") from None
+    except OSError as error:
+        if Path(source).exists():
+            raise
+        raise PairError(f"{spec.path} does not exist locally, and as a hub id neither the Hugging Face hub (no "
+                        f"network or access, or no such model) nor its local cache has it "
+                        f"({type(error).__name__}); give a local model directory, a .gguf file or a hub id that "
+                        f"can be reached") from None
+
+
+def _readable(weights: Path) -> bool:
+    try:
+        with safe_open(str(weights), "pt"):
+            return True
+    except SafetensorError:
+        return False
 
 
 def cache_root() -> Path:
@@ -194,13 +231,15 @@ def model_source(spec: ModelSpec) -> tuple[str, dict]:
 
 def load_tokenizer(spec: ModelSpec):
     source, kwargs = model_source(spec)
-    return AutoTokenizer.from_pretrained(source, **kwargs)
+    with loading_errors(spec, source):
+        return AutoTokenizer.from_pretrained(source, **kwargs)
 
 
 def load_model(spec: ModelSpec) -> torch.nn.Module:
     source, kwargs = model_source(spec)
     device = resolve_device(spec.device)
-    model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(spec.dtype, device), **kwargs)
+    with loading_errors(spec, source):
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=resolve_dtype(spec.dtype, device), **kwargs)
     return model.to(device).eval()
 
 

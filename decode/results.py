@@ -149,7 +149,7 @@ class ExportResult(PlainRecord):
 
 
 STAGE_RESULTS = {"generate": GenerateResult, "train": TrainResult, "eval": EvalResult, "export": ExportResult}
-# what a new draft makes stale
+# the records a new draft makes stale
 DEPENDS_ON_DRAFT = ("eval", "export")
 
 Result = TypeVar("Result")
@@ -186,17 +186,14 @@ def load_result(run_dir: Path, kind: type[Result], draft_fingerprint: Optional[s
     return result
 
 
-def forget_draft_results(run_dir: Path) -> None:
-    """A new draft was saved: the records made for the previous one go."""
-    for stage in DEPENDS_ON_DRAFT:
-        result_path(run_dir, stage).unlink(missing_ok=True)
-
-
 def roll_up(run_dir: Path, identity: dict, stage_seconds: dict) -> dict:
-    """summary.json: what the run is (domain, method, run_dir) and every stage's current record."""
+    """summary.json: what the run is (domain, method, run_dir) and every stage's current record (those made for
+    a draft only where they describe the trained one: a record is replaced, never deleted, when the draft changes)."""
     summary = dict(identity)
+    trained = load_result(run_dir, TrainResult)
     for stage, kind in STAGE_RESULTS.items():
-        result = load_result(run_dir, kind)
+        fingerprint = trained.draft_fingerprint if trained and stage in DEPENDS_ON_DRAFT else None
+        result = load_result(run_dir, kind, fingerprint)
         if result is not None:
             summary[stage] = result.to_json()
     summary["stage_seconds"] = stage_seconds

@@ -36,7 +36,8 @@ pytestmark = pytest.mark.slow
 
 TOLERANCE = dict(rtol=1e-5, atol=2e-6)
 SETTINGS = ["+domain=code", "+debug=tiny", "stages=[generate,train]", "method.max_steps=6", "method.checkpoint_every=2",
-            "method.eval_every=100", "method.autocast=off"]  # checkpoints at steps 2 and 4; validation at 0 and 6
+            "method.keep_checkpoints=3", "method.eval_every=100",
+            "method.autocast=off"]  # checkpoints at steps 2, 4 and 6, all kept; validation at 0 and 6
 ONE = ["method.micro_batch_size=2", "method.gradient_accumulation=2"]  # 4 sequences a step in one process
 TWO = ["method.micro_batch_size=1", "method.gradient_accumulation=2"]  # 4 a step over two processes
 EAGLE3 = ["pair.draft.kind=eagle3", "pair.draft.capture_layers=[0,1,3]"]
@@ -137,7 +138,7 @@ def resumed_from(reference: Path, run_dir: Path, step: int) -> None:
 
 @pytest.fixture(scope="module")
 def pruned_reference(tmp_path_factory, cache):
-    """One process, the pruned head (KeptRowsHead): checkpoints at steps 2 and 4, the draft after 6."""
+    """One process, the pruned head (KeptRowsHead): checkpoints at steps 2, 4 and 6, the draft after 6."""
     reference = tmp_path_factory.mktemp("pruned") / "one"
     output = run(one_process(reference), cache)  # also generates the answers every later run reads
     assert "training process 0 of 1 (NO)" in output

@@ -133,3 +133,25 @@ def test_an_export_directory_names_its_draft(tmp_path):
     (tmp_path / "export.json").unlink()  # a directory that is neither a model nor an export
     with pytest.raises(PairError, match="no config.json: give a model directory, an export directory"):
         locate(ModelSpec(path=str(tmp_path)))
+
+
+def test_a_path_that_does_not_exist_is_named_not_looked_up_on_the_hub():
+    with pytest.raises(PairError, match="/nowhere/model does not exist: give a model directory"):
+        locate(ModelSpec(path="/nowhere/model"))
+    with pytest.raises(PairError, match="specdraft-tests/no-such-model does not exist locally, and as a hub id "
+                                        "neither the Hugging Face hub .* nor its local cache has it"):
+        load_tokenizer(ModelSpec(path="specdraft-tests/no-such-model"))
+
+
+def test_a_truncated_weights_file_is_named(tiny_model_dir):
+    weights = tiny_model_dir / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])
+    with pytest.raises(PairError, match=f"{weights} cannot be read .*truncated or corrupt"):
+        load_model(ModelSpec(path=str(tiny_model_dir), dtype="float32", device="cpu"))
+
+
+def test_an_eagle3_head_on_a_shallow_target_names_the_key_that_exists():
+    from decode.kinds.eagle3.head import check_capture_layers, default_capture_layers
+
+    with pytest.raises(PairError, match=r"needs explicit pair\.draft\.capture_layers$"):
+        check_capture_layers(default_capture_layers(4), 4)

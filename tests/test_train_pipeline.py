@@ -13,9 +13,10 @@ from accelerate import Accelerator
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from decode.errors import ConfigError, PromptError, TrainingDiverged
+from decode.errors import ConfigError, ExportError, PromptError, TrainingDiverged
 from decode.sampling import SamplingParams
-from distill.data import examples_from_records, load_domain_prompts, read_jsonl_prompts, shipped_domains
+from distill.data import (DomainPrompts, Prompt, examples_from_records, load_domain_prompts, read_jsonl_prompts,
+                          shipped_domains)
 from distill.generate import answer_prompts, generate_dataset
 from train import config as train_config
 from decode.tracking import LoggerConfig, Tracker
@@ -98,6 +99,13 @@ def test_running_without_a_domain_names_the_domains(compose_train, tmp_path):
     (["method.loss=kl"], "method.loss 'kl' is not one of"),
     (["decode.top_p=0"], "decode: top_p must be in"),
     (["eval.untrained_prompts=0"], "eval.untrained_prompts must be >= 1"),
+    (["generate.top_k_logprobs=0"], "generate.top_k_logprobs must be >= 1"),
+    (["generate.max_train_prompts=0"], "generate.max_train_prompts must be >= 1"),
+    (["generate.batch_size=0"], "generate.batch_size must be >= 1"),
+    (["generate.max_new_tokens=0"], "generate.max_new_tokens must be >= 1"),
+    (["method.lr=-1"], "method.lr must be > 0"),
+    (["method.prune_vocab=-1"], "method.prune_vocab must be >= 0"),
+    (["method.max_steps=-5"], "method.max_steps must be >= 1"),
 ])
 def test_impossible_settings_are_refused_before_work(compose_train, bad, message):
     with pytest.raises(ConfigError, match=message):
@@ -142,6 +150,18 @@ def test_malformed_prompt_files_name_file_line_and_reason(tmp_path):
         read_jsonl_prompts(tmp_path / "missing.jsonl")
 
 
+@pytest.mark.parametrize("content, message", [
+    ('{"prompt": "fine"}\n{"prompt": "caf\xe9"}\n'.encode("latin-1"), "bad.jsonl:2: not UTF-8 (byte 0xe9"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xd8", "bad.jsonl:1: not UTF-8"),
+    (b'{"prompt": ' + b"[" * 100_000 + b"]" * 100_000 + b"}\n", "bad.jsonl:1: JSON nested too deeply"),
+])
+def test_prompt_files_that_are_no_utf8_json_lines_name_file_and_line(tmp_path, content, message):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(PromptError, match=message.replace("(", r"\(")):
+        read_jsonl_prompts(path)
+
+
 def test_a_malformed_prompt_file_stops_the_cli_before_any_model_is_loaded(tmp_path):
     path = tmp_path / "prompts.jsonl"
     path.write_text('{"prompt": "ok"}\n[1, 2]\n')
@@ -164,6 +184,48 @@ def test_user_jsonl_without_splits_is_split_by_a_stable_hash(tmp_path, compose_t
     assert 20 <= len(prompts.heldout) <= 60 and 10 <= len(prompts.validation) <= 50
     assert not {p.id for p in prompts.heldout} & {p.id for p in prompts.train + prompts.validation}
     assert load_domain_prompts(cfg.domain) == prompts
+
+
+def test_a_prompt_too_long_for_the_models_is_refused_by_its_id(tiny_pair):
+    from train.pipeline import check_prompt_lengths
+
+    fitting = [Prompt("short", "hello", "train")]
+    long_prompt = Prompt("mine-7", "x" * 5000, "heldout")  # the tiny tokenizer spends a token per byte
+    check_prompt_lengths(DomainPrompts(fitting, fitting, fitting), tiny_pair, None, 12)
+    with pytest.raises(PromptError, match=r"prompt mine-7 \(heldout\) is 50\d\d tokens.*4096 positions"):
+        check_prompt_lengths(DomainPrompts(fitting, fitting, [long_prompt]), tiny_pair, None, 12)
+
+
+def test_outputs_that_cannot_be_written_or_an_existing_export_are_refused_before_work(compose_train, tmp_path):
+    from train.pipeline import check_outputs
+
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    with pytest.raises(ConfigError, match="run_dir: cannot write in"):
+        check_outputs(compose_train(["+domain=code"]), blocker / "run")
+    with pytest.raises(ConfigError, match="export.dir: cannot write in"):
+        check_outputs(compose_train(["+domain=code", f"export.dir={blocker}/deeper/export"]), tmp_path / "run")
+    (tmp_path / "run" / "export").mkdir(parents=True)
+    with pytest.raises(ExportError, match="export exists; set export.overwrite=true"):
+        check_outputs(compose_train(["+domain=code"]), tmp_path / "run")
+    check_outputs(compose_train(["+domain=code", "export.overwrite=true"]), tmp_path / "run")
+    check_outputs(compose_train(["+domain=code", "stages=[eval]"]), tmp_path / "run")
+
+
+def test_a_run_is_finished_when_the_same_stages_ran_with_the_same_settings(compose_train, tmp_path):
+    from train.pipeline import finished_summary, settings_digest
+
+    config = compose_train(["+domain=code"])
+    plain = train_config.as_dict(config)
+    assert finished_summary(config, tmp_path, plain) is None
+    summary = {"finished_with": {stage: settings_digest(plain) for stage in ("generate", "train", "eval", "export")}}
+    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    assert finished_summary(config, tmp_path, plain) == summary
+    same = compose_train(["+domain=code", "logger=disabled"])  # where the figures go is no part of the run
+    assert finished_summary(same, tmp_path, train_config.as_dict(same)) == summary
+    for changed in (["eval.speed_prompts=32"], ["stages=[eval]"]):
+        config = compose_train(["+domain=code", *changed])
+        assert finished_summary(config, tmp_path, train_config.as_dict(config)) is None, changed
 
 
 # ---- training on the tiny pair -------------------------------------------------------------------
@@ -340,3 +402,32 @@ def test_a_pruned_draft_trains_on_its_kept_tokens_and_decodes_with_q_zero_elsewh
     assert finite == kept
     with pytest.raises(ValueError, match="whole vocabulary"):
         most_probable_tokens(mass, tiny_pair.vocab_size, [], tiny_pair.vocab_size)
+
+
+@pytest.mark.parametrize("damage", [lambda data: data[: len(data) // 2], lambda data: b"garbage"],
+                         ids=["truncated", "garbage"])
+def test_an_unreadable_checkpoint_is_named_and_the_one_before_it_resumed_with_its_history(
+        tiny_pair, tiny_examples, tmp_path, caplog, damage):
+    straight = make_recipe(tiny_pair, tiny_examples, tmp_path, max_steps=4, checkpoint_every=2)
+    history = straight.train()
+    checkpoints = tmp_path / "checkpoints"
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000002", "step-00000004"]  # the final one too
+    state = checkpoints / "step-00000004" / "training_state.pt"
+    state.write_bytes(damage(state.read_bytes()))
+
+    resumed = make_recipe(tiny_pair, tiny_examples, tmp_path, max_steps=4, checkpoint_every=2)
+    real_step, taken = resumed._optimizer_step, []
+    resumed._optimizer_step = lambda micro_batches: taken.append(resumed.step) or real_step(micro_batches)
+    resumed_history = resumed.train()
+    assert taken == [2, 3]
+    warning = next(record.getMessage() for record in caplog.records if "cannot be read" in record.getMessage())
+    assert str(checkpoints / "step-00000004") in warning and "weights_only" not in caplog.text
+    assert resumed_history["validation_acceptance_start"] == history["validation_acceptance_start"]
+    assert resumed_history["validation_acceptance_end"] == pytest.approx(history["validation_acceptance_end"])
+
+
+def test_a_finished_training_resumed_trains_no_more_and_reports_the_same(tiny_pair, tiny_examples, tmp_path):
+    history = make_recipe(tiny_pair, tiny_examples, tmp_path, max_steps=3).train()
+    again = make_recipe(tiny_pair, tiny_examples, tmp_path, max_steps=3)
+    again._optimizer_step = None  # any step would fail
+    assert again.train() == history

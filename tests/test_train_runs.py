@@ -167,3 +167,24 @@ def test_on_policy_answers_and_more_answers_per_prompt_feed_training(tmp_path, c
     printed = result.stdout + result.stderr
     assert "target-labelled tokens" in printed and "tokens per CPU-minute" in printed
     assert "of the draft's own answers labelled by the target" in printed
+
+
+def test_the_same_command_again_says_done_and_redoes_nothing(tmp_path, cache):
+    run_dir = tmp_path / "run"
+    settings = (f"run_dir={run_dir}", "export.gguf=false", "eval.compare_ar=false")
+    run(train_command(*settings), cache)
+    assert (run_dir / "checkpoints" / "step-00000003").is_dir()  # the final checkpoint (+debug=tiny: 3 steps)
+    written = {path: path.stat().st_mtime_ns for path in [run_dir / "summary.json", *run_dir.glob("results/*")]}
+
+    again = run(train_command(*settings), cache)
+    assert "done: every stage asked for (generate, train, eval, export) already finished" in again.stdout
+    assert again.stdout.strip().splitlines()[-1] == str(run_dir.resolve())
+    assert "resumed from" not in again.stderr
+    assert {path: path.stat().st_mtime_ns for path in written} == written
+
+    changed = subprocess.run(train_command(*settings, "eval.max_prompts=2"), cwd=ROOT, env=environment(cache),
+                             capture_output=True, text=True, timeout=120)
+    assert changed.returncode == 2
+    assert changed.stderr.strip().splitlines()[-1] == \
+        f"error: {(run_dir / 'export').resolve()} exists; set export.overwrite=true to replace it"
+    assert {path: path.stat().st_mtime_ns for path in written} == written  # refused before any work

@@ -10,7 +10,7 @@ Makes a draft for speculative decoding, in four stages, each runnable alone (sta
 
 Each stage leaves a record in <run_dir>/results/; summary.json rolls them up. The run directory is
 outputs/<domain>/<method>-<hash of what shapes the draft> (run_dir=... names it): running the same command
-again resumes. Examples:
+again resumes an interrupted run, and says `done` of a finished one. Examples:
   python -m train +domain=code
   python -m train +domain=math method=lora pair.target.path=Qwen/Qwen2.5-7B-Instruct pair.draft.path=Qwen/Qwen2.5-0.5B-Instruct
   python -m train +domain=code domain.source=jsonl domain.path=prompts.jsonl stages=[generate,train,eval]
@@ -21,16 +21,18 @@ The last line printed is the run directory. Exit codes: 0 done; 2 a configuratio
 read back decodes differently from the trained one (nothing published).
 """
 
+import sys
+
 import hydra
 import yaml
 from accelerate import Accelerator
 from omegaconf import DictConfig
 
-from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
+from decode.cli import CONFIG_PATH, check_command_line, exit_on_user_error, register_help
 from decode.files import write_text
 from decode.models import resolve_device
 from train import config as train_config
-from train.pipeline import Pipeline, format_summary, run_directory, validate
+from train.pipeline import Pipeline, check_outputs, finished_summary, format_summary, run_directory, validate
 from decode.tracking import Tracker, scrub_secrets
 
 train_config.register()
@@ -38,13 +40,21 @@ register_help("train", __doc__)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="train", version_base=None)
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     with exit_on_user_error():
         config = train_config.load(cfg)
         validate(config)
         run_dir = run_directory(config)
-        accelerator = Accelerator(cpu=resolve_device(config.pair.target.device).type == "cpu")
         plain = scrub_secrets(train_config.as_dict(config))
+        finished = finished_summary(config, run_dir, plain)
+        if finished:
+            print(format_summary(finished, run_dir))
+            print(f"done: every stage asked for ({', '.join(config.stages)}) already finished with these settings; "
+                  f"change a setting or stages=[...] to run one again")
+            print(run_dir.resolve())
+            return
+        check_outputs(config, run_dir)
+        accelerator = Accelerator(cpu=resolve_device(config.pair.target.device).type == "cpu")
         if accelerator.is_main_process:
             write_text(run_dir / "config.yaml", yaml.safe_dump(plain, sort_keys=False))
         with Tracker(config.logger, run_dir, plain, run_dir.name, accelerator.is_main_process) as tracker:
@@ -52,6 +62,12 @@ def main(cfg: DictConfig) -> None:
     if accelerator.is_main_process:
         print(format_summary(summary, run_dir))
         print(run_dir.resolve())
+
+
+def main() -> None:
+    with exit_on_user_error():
+        check_command_line("train", train_config.TrainConfig, sys.argv[1:])
+    run()
 
 
 if __name__ == "__main__":

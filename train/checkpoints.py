@@ -5,7 +5,10 @@ own state; written in a staging directory and renamed into place, so a checkpoin
 from __future__ import annotations
 
 import json
+import logging
+import pickle
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -13,8 +16,21 @@ import torch
 from decode.errors import ConfigError
 from decode.files import publish, remove_stale_staging
 
+log = logging.getLogger(__name__)
+
 TRAINING_STATE = "training_state.pt"
 TRAINER_STATE = "trainer_state.json"
+# what torch.load and json raise on a truncated or overwritten file
+UNREADABLE = (RuntimeError, ValueError, EOFError, OSError, pickle.UnpicklingError)
+
+
+@dataclass
+class Resumed:
+    """A checkpoint read back whole: the states to restore and the trainer's own."""
+
+    path: Path
+    state: dict
+    trainer_state: dict
 
 
 class Checkpoints:
@@ -53,35 +69,49 @@ class Checkpoints:
                 shutil.rmtree(old, ignore_errors=True)
         accelerator.wait_for_everyone()
 
-    def resumable(self) -> Path | None:
-        """The checkpoint a rerun resumes from (None: start from the beginning); clears what a run killed while
-        saving left."""
+    def resumable(self) -> Resumed | None:
+        """The newest intact checkpoint, read (None: start from the beginning): one that cannot be read is
+        skipped with a warning naming its file. Clears what a run killed while saving left."""
         self.directory.mkdir(parents=True, exist_ok=True)
         if self.accelerator.is_main_process:
             remove_stale_staging(self.directory)  # left by a run killed while saving
         self.accelerator.wait_for_everyone()
-        latest = self.latest()
-        if latest is not None and not (latest / TRAINING_STATE).is_file():
-            raise ConfigError(f"{latest} was written by an earlier version of specdraft (accelerate's checkpoint "
-                              f"layout), which this one does not resume; remove {self.directory} to train "
-                              f"from the start")
-        return latest
+        saved = sorted(self.directory.glob("step-*"), reverse=True)
+        for checkpoint in saved:
+            if not (checkpoint / TRAINING_STATE).is_file():
+                raise ConfigError(f"{checkpoint} was written by an earlier version of specdraft (accelerate's "
+                                  f"checkpoint layout), which this one does not resume; remove {self.directory} to "
+                                  f"train from the start")
+            reading = checkpoint / TRAINER_STATE
+            try:
+                trainer_state = json.loads(reading.read_text())
+                reading = checkpoint / TRAINING_STATE
+                state = torch.load(reading, map_location="cpu", weights_only=True)
+            except UNREADABLE as error:  # torch's own message would advise an unsafe weights_only=False
+                log.warning("%s cannot be read (%s: truncated or corrupt); trying the checkpoint before it",
+                            reading, type(error).__name__)
+                continue
+            return Resumed(checkpoint, state, trainer_state)
+        if saved:
+            log.warning("no checkpoint in %s can be read: training from the start", self.directory)
+        return None
 
-    def load(self, checkpoint: Path, model, optimizer, scheduler) -> dict:
-        """Restores the states (every process reads the file and keeps its shard) -> the trainer's state."""
+    def load(self, resumed: Resumed, model, optimizer, scheduler) -> dict:
+        """Restores the states (every process keeps its shard) -> the trainer's state."""
         from torch.distributed.checkpoint.state_dict import (StateDictOptions, set_model_state_dict,
                                                              set_optimizer_state_dict)
 
-        state = torch.load(checkpoint / TRAINING_STATE, map_location="cpu", weights_only=True)
         options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, state["model"], options=options)
-        set_optimizer_state_dict(model, torch_optimizer(optimizer), state["optimizer"], options=options)
-        scheduler.load_state_dict(state["scheduler"])
-        trainer_state = json.loads((checkpoint / TRAINER_STATE).read_text())
-        rng = checkpoint / f"rng-{self.accelerator.process_index}.pt"
-        if trainer_state.get("processes") == self.accelerator.num_processes and rng.is_file():
-            set_rng_state(torch.load(rng, weights_only=True))  # else dropout masks differ anyway
-        return trainer_state
+        set_model_state_dict(model, resumed.state["model"], options=options)
+        set_optimizer_state_dict(model, torch_optimizer(optimizer), resumed.state["optimizer"], options=options)
+        scheduler.load_state_dict(resumed.state["scheduler"])
+        rng = resumed.path / f"rng-{self.accelerator.process_index}.pt"
+        if resumed.trainer_state.get("processes") == self.accelerator.num_processes and rng.is_file():
+            try:
+                set_rng_state(torch.load(rng, weights_only=True))
+            except UNREADABLE as error:  # only dropout masks differ from a run never stopped
+                log.warning("%s cannot be read (%s); going on with fresh random state", rng, type(error).__name__)
+        return resumed.trainer_state
 
 
 def training_state(model, optimizer, scheduler) -> dict:

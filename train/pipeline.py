@@ -14,17 +14,17 @@ from dataclasses import replace
 from pathlib import Path
 
 from decode.context import RunContext
-from decode.errors import ConfigError, ExportError
-from decode.files import write_json
+from decode.errors import ConfigError, ExportError, PromptError
+from decode.files import check_writable_directory, write_json
 from decode.results import EvalResult, ExportResult, GenerateResult, TrainResult, load_result, roll_up, save_result
 from decode.models import model_fingerprint
 from decode.kinds.registry import KINDS, kind_named
 from decode.pair import load_pair
 from decode.precision import SETTINGS as AUTOCAST_SETTINGS
 from decode.records import format_figure, format_interval
-from decode.export.stage import run_export
+from decode.export.stage import export_destination, run_export
 from distill.conversations import chat_prompt_ids
-from distill.data import load_domain_prompts, shipped_domains
+from distill.data import DomainPrompts, load_domain_prompts, shipped_domains
 from distill.losses import LOSSES
 from distill.magpie import check_magpie_settings, magpie_domain_prompts
 from distill.served_answers import answer_source
@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 # the settings that decide what the trained draft is; the others (decode, eval, export, logger) only
 # decide how it is measured or shipped, and reuse the same run directory
 SHAPING_THE_DRAFT = ("domain", "pair", "method", "generate", "seed")
+SUMMARY = "summary.json"
 
 
 def validate(config: TrainConfig) -> None:
@@ -53,6 +54,15 @@ def validate(config: TrainConfig) -> None:
                 "keep_checkpoints"):
         if getattr(method, key) < 1:
             raise ConfigError(f"method.{key} must be >= 1, got {getattr(method, key)}")
+    if method.max_steps is not None and method.max_steps < 1:
+        raise ConfigError(f"method.max_steps must be >= 1 (null: method.epochs decides), got {method.max_steps}")
+    if method.lr <= 0:
+        raise ConfigError(f"method.lr must be > 0, got {method.lr}")
+    if method.prune_vocab < 0:
+        raise ConfigError(f"method.prune_vocab must be >= 0 (0: keep every token), got {method.prune_vocab}")
+    for key in ("max_train_prompts", "max_new_tokens", "batch_size", "top_k_logprobs"):
+        if getattr(config.generate, key) < 1:
+            raise ConfigError(f"generate.{key} must be >= 1, got {getattr(config.generate, key)}")
     if method.loss not in LOSSES:
         raise ConfigError(f"method.loss {method.loss!r} is not one of {sorted(LOSSES)}")
     if method.on_policy_answers < 0 or method.on_policy_from_epoch < 0:
@@ -93,6 +103,48 @@ def run_directory(config: TrainConfig) -> Path:
     return Path("outputs") / config.domain.name / f"{config.method.name}-{digest}"
 
 
+def settings_digest(plain_config: dict) -> str:
+    """What a command ran with: every setting, its stages included, but where the figures are logged."""
+    settings = {key: value for key, value in plain_config.items() if key != "logger"}
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def finished_summary(config: TrainConfig, run_dir: Path, plain_config: dict) -> dict | None:
+    """The run's summary when every stage asked for last finished in a command of these very settings and stages
+    (the same command again has nothing to do), else None."""
+    path = run_dir / SUMMARY
+    if not path.is_file():
+        return None
+    summary = json.loads(path.read_text())
+    finished = summary.get("finished_with", {})
+    digest = settings_digest(plain_config)
+    return summary if all(finished.get(stage) == digest for stage in config.stages) else None
+
+
+def check_outputs(config: TrainConfig, run_dir: Path) -> None:
+    """Where the run writes can be written, and an export is not replaced unasked: found before any work."""
+    check_writable_directory(run_dir, "run_dir")
+    if "export" in config.stages:
+        destination = export_destination(run_dir, config.export)
+        check_writable_directory(destination.parent, "export.dir" if config.export.dir else "run_dir")
+
+
+def check_prompt_lengths(prompts: DomainPrompts, pair, system_prompt: str | None, answer_tokens: int) -> None:
+    """A prompt the models cannot read with room for its answer is refused before any generation (the target
+    would try to allocate for it)."""
+    positions = [getattr(getattr(model, "config", None), "max_position_embeddings", None)
+                 for model in (pair.target, pair.draft)]
+    positions = min((limit for limit in positions if limit), default=None)
+    if positions is None:
+        return
+    for split in (prompts.train, prompts.validation, prompts.heldout):
+        for prompt, ids in zip(split, chat_prompt_ids(pair.tokenizer, split, system_prompt)):
+            if len(ids) + answer_tokens > positions:
+                raise PromptError(f"prompt {prompt.id} ({prompt.split}) is {len(ids)} tokens: with {answer_tokens} "
+                                  f"for the answer (generate.max_new_tokens, eval.max_new_tokens) it exceeds the "
+                                  f"{positions} positions the models read; shorten it or leave it out")
+
+
 def check_export_support(config: TrainConfig, pair) -> None:
     """An export the GGUF writer cannot make is refused now, not after hours of generation and training."""
     if "export" in config.stages:
@@ -118,14 +170,17 @@ class Pipeline:
         if written_by_target:
             self.prompts = magpie_domain_prompts(config.domain, pair, model_fingerprint(target_spec), config.seed,
                                                  config.generate.batch_size, accelerator)
+        check_prompt_lengths(self.prompts, pair, config.domain.system_prompt,
+                             max(config.generate.max_new_tokens, config.eval.max_new_tokens))
         self.ctx = RunContext(run_dir=run_dir, pair=pair, target_spec=target_spec, accelerator=accelerator,
                               tracker=tracker, seed=config.seed)
 
     def run(self) -> dict:
         config, ctx = self.config, self.ctx
-        summary_path = ctx.run_dir / "summary.json"
+        summary_path = ctx.run_dir / SUMMARY
         previous = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
         stage_seconds = dict(previous.get("stage_seconds", {}))
+        finished_with = dict(previous.get("finished_with", {}))  # stage -> the settings_digest it last ran with
         for name in STAGES:
             if name in config.stages:
                 log.info("stage %s", name)
@@ -134,9 +189,10 @@ class Pipeline:
                 if result is not None and ctx.is_main_process:
                     save_result(ctx.run_dir, result)
                 stage_seconds[name] = round(time.perf_counter() - began, 1)
+                finished_with[name] = settings_digest(self.plain_config)
         identity = {"domain": config.domain.name, "method": config.method.name, "draft_kind": ctx.pair.kind.name,
                     "run_dir": str(ctx.run_dir)}
-        summary = roll_up(ctx.run_dir, identity, stage_seconds)
+        summary = {**roll_up(ctx.run_dir, identity, stage_seconds), "finished_with": finished_with}
         if ctx.is_main_process:
             write_json(summary_path, summary)
         ctx.tracker.summary(summary)
@@ -191,7 +247,7 @@ def format_summary(summary: dict, run_dir: Path) -> str:
         exported = ExportResult.from_json(summary["export"])
         lines.append(f"export: {Path(exported.export_path).resolve()}"
                      + ("" if exported.evaluated else " (exported without an eval of this draft)"))
-    lines.append(f"summary: {(run_dir / 'summary.json').resolve()}")
+    lines.append(f"summary: {(run_dir / SUMMARY).resolve()}")
     return "\n".join(lines)
 
 

@@ -47,7 +47,7 @@ from distill.losses import LOSSES, coarse_grained, masked_sum
 from distill.on_policy import OnPolicySampler
 from distill.throughput import LabelRate
 from train.batching import epoch_order
-from train.checkpoints import TRAINER_STATE, Checkpoints
+from train.checkpoints import Checkpoints
 from train.config import MethodConfig
 from train.fsdp import fill_parameters, is_sharded, meta_copy, sharding_summary, use_fsdp_on_cpu
 
@@ -106,9 +106,11 @@ class DistillationRecipe:
                  accelerator.distributed_type.value)
         device = accelerator.device
         draft = objective.module
-        autocast, latest = settings.autocast, self.checkpoints.latest()
-        if latest:  # a resumed run keeps the precision it started in, so that it ends as a run never stopped would
-            autocast = json.loads((latest / TRAINER_STATE).read_text()).get("autocast", autocast)
+        self.resumed = self.checkpoints.resumable()
+        autocast = settings.autocast
+        # a resumed run keeps the precision it started in, so that it ends as a run never stopped would
+        if self.resumed:
+            autocast = self.resumed.trainer_state.get("autocast", autocast)
         self.precision = choose_precision(autocast, device.type, lambda: self._bf16_speedup(draft), "train")
         trainable = [p for p in draft.parameters() if p.requires_grad]
         optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=settings.weight_decay)
@@ -137,6 +139,9 @@ class DistillationRecipe:
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, min(settings.warmup_steps, self.total_steps),
                                                          self.total_steps)
         self.step = 0
+        # validation_acceptance_start/end and final_loss so far: kept in the checkpoints, so that a resumed run
+        # reports what a run never stopped would
+        self.history: dict = {}
 
     def _check_distribution(self, settings: MethodConfig) -> None:
         from accelerate.utils import DistributedType
@@ -152,7 +157,7 @@ class DistillationRecipe:
     # ---- the loop -------------------------------------------------------------------------------
     def train(self) -> dict:
         self._resume()
-        history, loss, postfix = {}, float("nan"), {}
+        history, postfix = self.history, {}
         bar = tqdm(total=self.total_steps, initial=self.step, desc="train", unit="step",
                    disable=not self.accelerator.is_main_process)
         if self.step == 0 and self.validation_examples:
@@ -160,7 +165,7 @@ class DistillationRecipe:
             self.tracker.log({"validation/expected_acceptance": history["validation_acceptance_start"]}, step=0)
         with bar:
             while self.step < self.total_steps:
-                loss = self._optimizer_step(self._micro_batches(self.step))
+                loss = history["final_loss"] = self._optimizer_step(self._micro_batches(self.step))
                 self.step += 1
                 bar.update(1)
                 postfix["loss"] = f"{loss:.4f}"
@@ -173,9 +178,10 @@ class DistillationRecipe:
                     postfix["validation_acceptance"] = f"{acceptance:.3f}"
                     log.info("step %d: validation expected acceptance %.3f", self.step, acceptance)
                 bar.set_postfix(postfix)
-                if self.step % self.settings.checkpoint_every == 0 and self.step < self.total_steps:
-                    self._save_checkpoint()
-        history.update(steps=self.total_steps, final_loss=loss, **self.precision.summary())
+                if self.step % self.settings.checkpoint_every == 0 or self.step == self.total_steps:
+                    self._save_checkpoint()  # the final one too: a rerun of a finished run trains no more
+        history.setdefault("final_loss", float("nan"))
+        history.update(steps=self.total_steps, **self.precision.summary())
         if self.objective.draft_steps > 1 and self.step_acceptance:
             history["validation_acceptance_steps"] = self.step_acceptance
         if self.on_policy:
@@ -370,16 +376,20 @@ class DistillationRecipe:
         if self.on_policy_pool:  # a resumed run goes on with the samples this one was training on
             files["on_policy.json"] = json.dumps({"epoch": self.on_policy_refresh,
                                                   "examples": [dataclasses.asdict(e) for e in self.on_policy_pool]})
-        trainer = {"step": self.step, "autocast": self.precision.name, "processes": self.accelerator.num_processes}
+        trainer = {"step": self.step, "autocast": self.precision.name, "processes": self.accelerator.num_processes,
+                   "history": self.history, "step_acceptance": self.step_acceptance}
         self.checkpoints.save(self.step, self.draft, self.optimizer, self.scheduler, trainer, files)
 
     def _resume(self) -> None:
-        latest = self.checkpoints.resumable()
-        if latest is None:
+        resumed, self.resumed = self.resumed, None  # its states are restored once, then freed
+        if resumed is None:
             return
-        self.step = self.checkpoints.load(latest, self.draft, self.optimizer, self.scheduler)["step"]
-        if self.on_policy and (latest / "on_policy.json").is_file():
-            saved = json.loads((latest / "on_policy.json").read_text())
+        trainer_state = self.checkpoints.load(resumed, self.draft, self.optimizer, self.scheduler)
+        self.step = trainer_state["step"]
+        self.history = trainer_state.get("history", {})
+        self.step_acceptance = trainer_state.get("step_acceptance", [])
+        if self.on_policy and (resumed.path / "on_policy.json").is_file():
+            saved = json.loads((resumed.path / "on_policy.json").read_text())
             self.on_policy_pool = [Example(**example) for example in saved["examples"]]
             self.on_policy_refresh = saved["epoch"]
-        log.info("resumed from %s (step %d of %d)", latest, self.step, self.total_steps)
+        log.info("resumed from %s (step %d of %d)", resumed.path, self.step, self.total_steps)

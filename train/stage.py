@@ -7,7 +7,7 @@ from __future__ import annotations
 from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.models import content_fingerprint
-from decode.results import TrainResult, forget_draft_results
+from decode.results import TrainResult
 from distill.config import DomainConfig, GenerateConfig
 from distill.conversations import chat_prompt_ids
 from distill.data import DomainPrompts, examples_from_records
@@ -45,7 +45,6 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
                                 decode.sampling(), on_policy)
     history = recipe.train()
     kind.save(recipe.trained_draft(), ctx, decode.gamma)
-    forget_draft_results(ctx.run_dir)
     result = TrainResult(draft_path=str(ctx.draft_dir), draft_fingerprint=content_fingerprint(ctx.draft_dir),
                          examples=len(train_examples),
                          answer_tokens=sum(len(example.target_top_ids) for example in train_examples),

@@ -43,8 +43,12 @@ from decode.records import EngineCheck, ServingStepCosts
 from decode.results import ENGINE_CHECK, EvalResult, ExportResult, GenerateResult, TrainResult
 
 
-def export_destination(ctx: RunContext, settings: ExportConfig) -> Path:
-    return (Path(settings.dir) if settings.dir else ctx.run_dir / "export").resolve()
+def export_destination(run_dir: Path, settings: ExportConfig) -> Path:
+    """Where the export goes; an existing export is refused unless export.overwrite."""
+    destination = (Path(settings.dir) if settings.dir else run_dir / "export").resolve()
+    if destination.exists() and not settings.overwrite:
+        raise ExportError(f"{destination} exists; set export.overwrite=true to replace it")
+    return destination
 
 
 def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, verify_prompt_ids: list[list[int]],
@@ -56,9 +60,7 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
     its card says it was not evaluated); `trained` and `generated` describe how it was made.
     """
     draft_spec = ctx.trained_draft_spec()
-    destination = export_destination(ctx, settings)
-    if destination.exists() and not settings.overwrite:
-        raise ExportError(f"{destination} exists; set export.overwrite=true to replace it")
+    destination = export_destination(ctx.run_dir, settings)
     if not ctx.is_main_process:
         return None
     target_gguf = gguf_path(ctx.target_spec)
