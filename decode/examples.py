@@ -11,17 +11,18 @@ import torch
 @dataclass(frozen=True)
 class Example:
     """One training sequence: the chat-formatted prompt and an answer, with the target's top-k
-    next-token log-probabilities at each answer token (the distillation target)."""
+    next-token log-probabilities at each token from labels_from on (the distillation target): the answer's,
+    and the prompt's own from the user's message on where those were labelled too (generate.label_prompts)."""
 
     input_ids: list[int]
-    prompt_length: int
-    target_top_ids: list[list[int]]  # [answer tokens][k]
+    labels_from: int  # the first token whose target distribution is known
+    target_top_ids: list[list[int]]  # [labelled tokens][k]
     target_top_logprobs: list[list[float]]
 
     def loss_mask(self) -> list[int]:
-        """1 at the positions whose next token is an answer token (the logits that predict the answer)."""
+        """1 at the positions whose next token is labelled (the logits that predict it)."""
         length = len(self.input_ids)
-        return [1 if self.prompt_length - 1 <= position < length - 1 else 0 for position in range(length)]
+        return [1 if self.labels_from - 1 <= position < length - 1 else 0 for position in range(length)]
 
 
 def collate(examples: list[Example], pad_token_id: int) -> dict:
@@ -42,8 +43,8 @@ def collate(examples: list[Example], pad_token_id: int) -> dict:
         input_ids[row, :length] = torch.tensor(example.input_ids)
         attention_mask[row, :length] = 1
         loss_mask[row, :length] = torch.tensor(example.loss_mask())
-        answer = slice(example.prompt_length - 1, length - 1)
-        target_ids[row, answer] = torch.tensor(example.target_top_ids)
-        target_logprobs[row, answer] = torch.tensor(example.target_top_logprobs)
+        labelled = slice(example.labels_from - 1, length - 1)
+        target_ids[row, labelled] = torch.tensor(example.target_top_ids)
+        target_logprobs[row, labelled] = torch.tensor(example.target_top_logprobs)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
             "target_ids": target_ids, "target_logprobs": target_logprobs}

@@ -73,6 +73,25 @@ def encode_chat(tokenizer, prompt: str, system: str | None = None) -> list[int]:
     return list(encoded["input_ids"] if hasattr(encoded, "keys") else encoded)
 
 
+SENTINEL = "SpecdraftSentinelUserMessage"
+
+
+def user_turn_template(tokenizer, system_prompt: str | None = None) -> tuple[list[int], list[int]] | None:
+    """-> (the chat template's ids up to where a user's message begins, the special token that ends a user turn
+    there, if the template has one); None where the template does not render a user's message as written."""
+    if not getattr(tokenizer, "chat_template", None):
+        return None
+    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
+        [{"role": "user", "content": SENTINEL}]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
+    before, found, after = rendered.partition(SENTINEL)
+    if not found:
+        return None
+    first_after = tokenizer.encode(after, add_special_tokens=False)[:1]
+    return (tokenizer.encode(before, add_special_tokens=False),
+            [token for token in first_after if token in tokenizer.all_special_ids])
+
+
 def check_pair(target, draft, target_tok, draft_tok, check_chat_template: bool = True) -> None:
     """PairError when the draft cannot serve the target (its kind says what that takes)."""
     kind_of(draft).check_pair(target, draft, target_tok, draft_tok, check_chat_template)

@@ -44,6 +44,9 @@ class GenerateConfig:
     answers_per_prompt: int = 1  # the target's answers to each training prompt (sampled, so each differs)
     batch_size: int = 32
     top_k_logprobs: int = 64  # the target's distribution kept per answer token: its k most likely tokens
+    # the training prompts' own tokens labelled too, from the user's message on (one teacher-forced forward of the
+    # target a batch): the draft also learns the target on the prompts' text (BENCHMARKS.md)
+    label_prompts: bool = True
     autocast: str = "auto"  # bf16 autocast of the target's forwards: auto (CPU: only where measured faster) | bf16 | off
     # who answers (distill/served_answers.py): in_process (the target here) | server (an OpenAI-compatible server
     # at server_url: vLLM, SGLang, llama-server) | llama_server (started here on loopback for the target's GGUF)

@@ -110,22 +110,34 @@ def load_prompts(domain: str, split: str | None = None) -> list[Prompt]:
     return [p for p in prompts if split is None or p.split == split]
 
 
-def examples_from_records(records, max_length: int) -> list[Example]:
+def examples_from_records(records, max_length: int, prompt_labels: bool = False) -> list[Example]:
     """Dataset rows (input_ids, prompt_length, target_top_ids, target_top_logprobs) -> examples cut to
-    max_length tokens. Rows whose prompt leaves no room for an answer token are dropped."""
+    max_length tokens, labelled at the answer's tokens, and with prompt_labels at the prompt's labelled tokens
+    too where a row has them (distill/generate.py label_prompts). Rows whose prompt leaves no room for an answer
+    token are dropped."""
     examples, dropped = [], 0
     for record in records:
         ids = list(record["input_ids"])[:max_length]
-        answer_tokens = len(ids) - record["prompt_length"]
-        if answer_tokens > 0:
-            examples.append(Example(ids, record["prompt_length"], record["target_top_ids"][:answer_tokens],
-                                    record["target_top_logprobs"][:answer_tokens]))
-        else:
+        if len(ids) <= record["prompt_length"]:
             dropped += 1
+            continue
+        labels_from, top_ids, top_logprobs = record["prompt_length"], record["target_top_ids"], \
+            record["target_top_logprobs"]
+        if prompt_labels and record.get("prompt_top_ids"):
+            labels_from = record["prompt_labels_from"]
+            top_ids, top_logprobs = record["prompt_top_ids"] + top_ids, record["prompt_top_logprobs"] + top_logprobs
+        labelled = len(ids) - labels_from
+        examples.append(Example(ids, labels_from, top_ids[:labelled], top_logprobs[:labelled]))
     if dropped:
         log.warning("%d of %d sequences have prompts of max_length (%d) tokens or more and are left out; "
                     "raise method.max_length to keep them", dropped, dropped + len(examples), max_length)
     return examples
+
+
+def answer_token_count(records, max_length: int) -> int:
+    """The answer tokens of the examples examples_from_records makes of these rows."""
+    return sum(max(min(len(ids), max_length) - prompt_length, 0)
+               for ids, prompt_length in zip(records["input_ids"], records["prompt_length"]))
 
 
 def load_domain_prompts(domain_cfg: DomainConfig) -> DomainPrompts:

@@ -16,6 +16,7 @@ import json
 import logging
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import datasets
 import torch
@@ -23,6 +24,7 @@ from tqdm.auto import tqdm
 
 from decode.files import published
 from decode.models import cache_root
+from decode.pair import user_turn_template
 from decode.precision import FLOAT32, Precision, choose_precision, cpu_bf16_speedup
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
@@ -42,11 +44,19 @@ LABEL_PROBE_TOKENS = 64  # tokens a row of the timed labelling forward of `auto`
 BOUND_SEQUENCES = 32  # sequences of a source's own whose labelling the bound times
 
 
+class Generated(NamedTuple):
+    dataset: datasets.Dataset
+    directory: Path
+    cached: bool
+    prompt_rate: LabelRate | None = None  # what labelling the prompts' tokens cost (this process's share)
+
+
 def cache_key(target_fingerprint: str, domain: str, prompts: list[Prompt], sampling: SamplingParams,
               max_new_tokens: int, seed: int, system_prompt: str | None, top_k_logprobs: int,
-              source: str = IN_PROCESS) -> str:
+              source: str = IN_PROCESS, prompt_labels: bool = False) -> str:
     """source: where the answers come from (distill/served_answers.py answer_source), so that answers from
-    different servers never mix; in-process answers keep the keys they had before there were other sources."""
+    different servers never mix; in-process answers keep the keys they had before there were other sources.
+    prompt_labels: the records carry the target's labels at the prompts' tokens too (label_prompts)."""
     described = {
         "version": FORMAT_VERSION, "target": target_fingerprint, "domain": domain,
         "prompts": hashlib.sha256("\x00".join(map(_identity, prompts)).encode()).hexdigest(),
@@ -54,6 +64,8 @@ def cache_key(target_fingerprint: str, domain: str, prompts: list[Prompt], sampl
         "seed": seed, "system_prompt": system_prompt, "top_k_logprobs": top_k_logprobs}
     if source != IN_PROCESS:
         described["source"] = source
+    if prompt_labels:
+        described["prompt_labels"] = True
     served = served_responses.cache_part(prompts, target_fingerprint, sampling, max_new_tokens, system_prompt)
     if served:  # the served responses scored instead of answered (distill/served_responses.py)
         described["served"] = served
@@ -147,30 +159,62 @@ def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids:
 def score_answers(runner: CausalLMRunner, records: list[dict], top_k_logprobs: int,
                   precision: Precision = FLOAT32, batch_size: int = LABEL_BATCH) -> list[dict]:
     """Add the runner model's top-k log-probabilities at the answer positions of sequences it did not write
-    (on-policy samples from the draft, scored by the target): one forward per batch of sequences of
+    (on-policy samples from the draft, scored by the target)."""
+    labels = top_k_labels(runner, [record["input_ids"] for record in records],
+                          [record["prompt_length"] for record in records], top_k_logprobs, precision, batch_size)
+    for record, (top_ids, top_logprobs) in zip(records, labels):
+        record["target_top_ids"], record["target_top_logprobs"] = top_ids, top_logprobs
+    return records
+
+
+def label_prompts(runner: CausalLMRunner, records: list[dict], user_template: list[int] | None,
+                  top_k_logprobs: int, precision: Precision = FLOAT32, batch_size: int = LABEL_BATCH) -> list[dict]:
+    """Add the target's top-k at each prompt token from the user's message on: `prompt_labels_from` (the first
+    such token: the end of user_template, the chat template before a user's message, where the prompt starts
+    with it; else no prompt token is labelled), `prompt_top_ids`, `prompt_top_logprobs`. A prompt answered
+    several times is labelled at its first answer only. One teacher-forced forward over the prompts alone: a
+    causal model's logits there never see the answer."""
+    seen, starts = set(), []
+    for record in records:
+        prompt = tuple(record["input_ids"][: record["prompt_length"]])
+        labelled = user_template and prompt[: len(user_template)] == tuple(user_template) and prompt not in seen
+        starts.append(len(user_template) if labelled else record["prompt_length"])
+        seen.add(prompt)
+    labels = top_k_labels(runner, [record["input_ids"][: record["prompt_length"]] for record in records], starts,
+                          top_k_logprobs, precision, batch_size)
+    for record, start, (top_ids, top_logprobs) in zip(records, starts, labels):
+        record["prompt_labels_from"] = start
+        record["prompt_top_ids"], record["prompt_top_logprobs"] = top_ids, top_logprobs
+    return records
+
+
+def top_k_labels(runner: CausalLMRunner, sequences: list[list[int]], starts: list[int], top_k_logprobs: int,
+                 precision: Precision = FLOAT32, batch_size: int = LABEL_BATCH) -> list[tuple[list, list]]:
+    """-> per sequence, (top ids, top log-probabilities) of the runner model at the logits that predict each of
+    its tokens from starts[i] on (none where starts[i] is its length): one forward per batch of sequences of
     similar length, right-padded (a causal model's logits at a position never see the padding after it)."""
-    order = sorted(range(len(records)), key=lambda i: len(records[i]["input_ids"]))
+    labels: list[tuple[list, list]] = [([], [])] * len(sequences)
+    order = [i for i in sorted(range(len(sequences)), key=lambda i: len(sequences[i])) if starts[i] < len(sequences[i])]
     for begin in range(0, len(order), batch_size):
-        rows = [records[i] for i in order[begin: begin + batch_size]]
-        width = max(len(record["input_ids"]) for record in rows)
-        answer_lengths = [len(record["input_ids"]) - record["prompt_length"] for record in rows]
+        rows = order[begin: begin + batch_size]
+        width = max(len(sequences[i]) for i in rows)
+        counts = [len(sequences[i]) - starts[i] for i in rows]
         ids = torch.zeros(len(rows), width, dtype=torch.long, device=runner.device)
-        # the logits that predict each answer token; short rows repeat their last one
-        logits_at = torch.zeros(len(rows), max(answer_lengths), dtype=torch.long, device=runner.device)
-        for row, (record, length) in enumerate(zip(rows, answer_lengths)):
-            ids[row, : len(record["input_ids"])] = torch.tensor(record["input_ids"])
-            positions = torch.arange(record["prompt_length"] - 1, len(record["input_ids"]) - 1)
-            logits_at[row] = positions[torch.arange(logits_at.shape[1]).clamp(max=length - 1)]
+        # the logits that predict each labelled token; short rows repeat their last one
+        logits_at = torch.zeros(len(rows), max(counts), dtype=torch.long, device=runner.device)
+        for row, (i, count) in enumerate(zip(rows, counts)):
+            ids[row, : len(sequences[i])] = torch.tensor(sequences[i])
+            positions = torch.arange(starts[i] - 1, len(sequences[i]) - 1)
+            logits_at[row] = positions[torch.arange(logits_at.shape[1]).clamp(max=count - 1)]
         runner.reset(len(rows), width)
         with precision.autocast():
             logits = runner.forward(ids, torch.zeros(len(rows), dtype=torch.long, device=runner.device), width,
                                     logits_at=logits_at)
         top = torch.topk(torch.log_softmax(logits.float(), dim=-1), top_k_logprobs, dim=-1)
-        for row, (record, length) in enumerate(zip(rows, answer_lengths)):
-            record["target_top_ids"] = top.indices[row, :length].tolist()
-            record["target_top_logprobs"] = top.values[row, :length].tolist()
+        for row, (i, count) in enumerate(zip(rows, counts)):
+            labels[i] = (top.indices[row, :count].tolist(), top.values[row, :count].tolist())
     runner.free()
-    return records
+    return labels
 
 
 def labelling_bound(runner: CausalLMRunner, records: list[dict], top_k_logprobs: int, precision: Precision,
@@ -187,16 +231,18 @@ def labelling_bound(runner: CausalLMRunner, records: list[dict], top_k_logprobs:
 def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprint: str, sampling: SamplingParams,
                      max_new_tokens: int, batch_size: int, seed: int, system_prompt: str | None,
                      top_k_logprobs: int, accelerator=None, precision: Precision = FLOAT32,
-                     served: ServedAnswers | None = None) -> tuple[datasets.Dataset, Path, bool]:
-    """-> (dataset, its cache directory, whether it came from the cache). `served`: a server answers instead
-    of the target here (generate.answers, distill/served_answers.py)."""
+                     served: ServedAnswers | None = None,
+                     prompt_labelling: Precision | None = None) -> Generated:
+    """-> the dataset, its cache directory, whether it came from the cache, what labelling the prompts cost. `served`: a server answers instead
+    of the target here (generate.answers, distill/served_answers.py). `prompt_labelling`: the precision of the
+    target's forward that labels the prompts' tokens too (label_prompts); None: only the answers are labelled."""
     key = cache_key(target_fingerprint, domain, prompts, sampling, max_new_tokens, seed, system_prompt,
-                    top_k_logprobs, served.source if served else IN_PROCESS)
+                    top_k_logprobs, served.source if served else IN_PROCESS, prompt_labelling is not None)
     directory = dataset_directory(domain, key)
     cached = load_cached_dataset(domain, key)
     if cached is not None:
         log.info("reusing the target's answers from %s", directory)
-        return cached, directory, True
+        return Generated(cached, directory, True)
 
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     mine = prompts[rank::world]
@@ -219,6 +265,14 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
         answers = answer(pair.encode_chat([p.text for p in mine], system_prompt)) if mine else []
         records = [{"id": p.id, "prompt": p.text, "source": "target", **row} for p, row in zip(mine, answers)]
     records += scored
+    prompt_rate = None
+    if prompt_labelling is not None:
+        began = time.perf_counter()
+        template = user_turn_template(pair.tokenizer, system_prompt)
+        label_prompts(pair.target_runner(), records, template[0] if template else None, top_k_logprobs,
+                      prompt_labelling)
+        prompt_rate = LabelRate("the target labels the prompts (teacher-forced)",
+                                sum(len(record["prompt_top_ids"]) for record in records), time.perf_counter() - began)
     if accelerator and world > 1:
         from accelerate.utils import gather_object
 
@@ -228,7 +282,7 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
         save_dataset_atomically(datasets.Dataset.from_list(records), directory)
     if accelerator:
         accelerator.wait_for_everyone()
-    return datasets.load_from_disk(str(directory)), directory, False
+    return Generated(datasets.load_from_disk(str(directory)), directory, False, prompt_rate)
 
 
 def save_dataset_atomically(dataset: datasets.Dataset, directory: Path) -> None:

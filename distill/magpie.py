@@ -34,6 +34,7 @@ import numpy as np
 from decode.errors import PairError, PromptError
 from decode.files import write_jsonl
 from decode.models import cache_root
+from decode.pair import user_turn_template
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
 from distill.config import DomainConfig, check_magpie_settings
@@ -44,7 +45,6 @@ from distill.generate import answer_prompts
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
-SENTINEL = "SpecdraftSentinelUserMessage"
 SAMPLES_PER_PROMPT = 4  # the sampling budget: at most this many samples per prompt asked for
 
 
@@ -55,16 +55,11 @@ def pre_query_template(tokenizer, system_prompt: str | None = None) -> tuple[lis
         raise PairError("the target tokenizer has no chat template, so there is no user turn for the target to "
                         "write: domain.source=magpie needs a chat-aligned (instruct) target with its template; "
                         "for a base model use another domain.source (shipped, jsonl, parquet, hf, conversations)")
-    messages = ([{"role": "system", "content": system_prompt}] if system_prompt else []) + \
-        [{"role": "user", "content": SENTINEL}]
-    rendered = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=False)
-    before, found, after = rendered.partition(SENTINEL)
-    if not found:
+    template = user_turn_template(tokenizer, system_prompt)
+    if template is None:
         raise PairError("the target's chat template does not render a user's message as written, so where one "
                         "begins is unknown: domain.source=magpie cannot use it")
-    first_after = tokenizer.encode(after, add_special_tokens=False)[:1]
-    return (tokenizer.encode(before, add_special_tokens=False),
-            [token for token in first_after if token in tokenizer.all_special_ids])
+    return template
 
 
 def rejection(text: str, ended: bool, seen: set[str]) -> str | None:

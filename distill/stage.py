@@ -17,7 +17,7 @@ from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.errors import ConfigError
 from decode.models import model_fingerprint
-from decode.precision import FLOAT32
+from decode.precision import FLOAT32, Precision
 from distill.config import DomainConfig, GenerateConfig
 from decode.results import GenerateResult
 from distill.data import DomainPrompts, components_count
@@ -57,25 +57,29 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
             for split, split_prompts in training_prompts(prompts, settings).items():
                 log.info("domain %s, %s prompts by component: %s", domain.name, split,
                          ", ".join(f"{name} {count}" for name, count in components_count(split_prompts).items()))
-    found, where, precision, rates = {}, {}, None, []
+    found, where, precision, labelling, rates = {}, {}, None, None, []
     with answering_server(settings, ctx.target_spec, ctx.pair.eos_token_ids,
                           ctx.run_dir / "generate_server.log") as served:
         for split, split_prompts in training_prompts(prompts, settings).items():
             name = f"{domain.name}-{split}"
+            prompt_labels = settings.label_prompts and split == "train"  # the training metric stays on answers
             key = cache_key(fingerprint, name, split_prompts, sampling, settings.max_new_tokens, ctx.seed,
-                            domain.system_prompt, settings.top_k_logprobs, source)
+                            domain.system_prompt, settings.top_k_logprobs, source, prompt_labels)
             directory, dataset = dataset_directory(name, key), load_cached_dataset(name, key)
             if dataset is None and create:
                 if served is None:
                     precision = precision or generation_precision(ctx.pair.target_runner(), settings.autocast,
                                                                   settings.batch_size)
+                if prompt_labels:
+                    labelling = labelling or labelling_precision(ctx.pair.target_runner(), settings.autocast)
                 began = time.perf_counter()
-                dataset, directory, _ = generate_dataset(
+                dataset, directory, _, prompt_rate = generate_dataset(
                     ctx.pair, split_prompts, name, fingerprint, sampling, settings.max_new_tokens,
                     settings.batch_size, ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator,
-                    precision or FLOAT32, served)
+                    precision or FLOAT32, served, labelling if prompt_labels else None)
                 if split == "train":
-                    rates = _label_rates(ctx, settings, dataset, time.perf_counter() - began, source)
+                    rates = _label_rates(ctx, settings, dataset, time.perf_counter() - began, source, labelling,
+                                         prompt_rate)
             elif create:
                 log.info("reusing the target's answers from %s", directory)
             if dataset is None:
@@ -89,14 +93,18 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
 
 
 def _label_rates(ctx: RunContext, settings: GenerateConfig, answers: datasets.Dataset, seconds: float,
-                 source: str) -> list[dict]:
+                 source: str, labelling: Precision | None, prompt_rate: LabelRate | None) -> list[dict]:
     """Target-labelled tokens per CPU-minute of the answers just made, logged beside the bound: the same tokens
-    labelled by one teacher-forced forward of the target here (distill/throughput.py)."""
+    labelled by one teacher-forced forward of the target here (distill/throughput.py); then those of the prompts'
+    tokens, where they were labelled too."""
     made = LabelRate(f"the target answers ({source})", sum(len(ids) - length for ids, length in
                                                            zip(answers["input_ids"], answers["prompt_length"])),
-                     seconds)
+                     seconds - (prompt_rate.seconds if prompt_rate else 0.0))
     runner = ctx.pair.target_runner()
     bound = labelling_bound(runner, answers.select(range(min(BOUND_SEQUENCES, len(answers)))).to_list(),
-                            settings.top_k_logprobs, labelling_precision(runner, settings.autocast))
+                            settings.top_k_logprobs, labelling or labelling_precision(runner, settings.autocast))
     log.info("%s", made.line(bound))
-    return [made.summary(), bound.summary()]
+    if prompt_rate is None:
+        return [made.summary(), bound.summary()]
+    log.info("%s", prompt_rate.line())
+    return [made.summary(), bound.summary(), prompt_rate.summary()]

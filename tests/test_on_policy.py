@@ -22,14 +22,14 @@ def sampler(pair, seed=0, answers_per_prompt=1):
 
 
 def answers_of(examples):
-    return [example.input_ids[example.prompt_length:] for example in examples]
+    return [example.input_ids[example.labels_from:] for example in examples]
 
 
 def test_on_policy_samples_come_from_the_current_draft(tiny_pair):
     on_policy, draft = sampler(tiny_pair), copy.deepcopy(tiny_pair.draft).float()
     chosen = on_policy.prompts_for(0)[:6]
     first, rate = on_policy.sample(draft, chosen, refresh=0)
-    assert rate.tokens == sum(len(e.input_ids) - e.prompt_length for e in first) and rate.seconds > 0
+    assert rate.tokens == sum(len(e.input_ids) - e.labels_from for e in first) and rate.seconds > 0
     assert set(rate.parts) == {"draft writes", "target labels"}
     assert answers_of(on_policy.sample(draft, chosen, refresh=0)[0]) == answers_of(first)  # same weights, same draws
     with torch.no_grad():

@@ -10,7 +10,7 @@ from decode.models import content_fingerprint
 from decode.results import TrainResult
 from distill.config import DomainConfig, GenerateConfig
 from distill.conversations import chat_prompt_ids
-from distill.data import DomainPrompts, examples_from_records
+from distill.data import DomainPrompts, answer_token_count, examples_from_records
 from distill.on_policy import OnPolicySampler
 from distill.generate import labelling_precision
 from distill.stage import target_answers
@@ -25,7 +25,7 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
     kind = ctx.pair.kind
     kind.check_method(method)
     answers, generated = target_answers(ctx, domain, generate, decode, prompts, create=False)
-    train_examples = examples_from_records(answers["train"], method.max_length)
+    train_examples = examples_from_records(answers["train"], method.max_length, generate.label_prompts)
     validation_examples = examples_from_records(answers["validation"], method.max_length)
     kept = None
     if method.prune_vocab:
@@ -45,9 +45,11 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
                                 decode.sampling(), on_policy)
     history = recipe.train()
     kind.save(recipe.trained_draft(), ctx, decode.gamma)
+    labelled_tokens = sum(len(example.target_top_ids) for example in train_examples)
+    answer_tokens = answer_token_count(answers["train"], method.max_length)
     result = TrainResult(draft_path=str(ctx.draft_dir), draft_fingerprint=content_fingerprint(ctx.draft_dir),
                          examples=len(train_examples),
-                         answer_tokens=sum(len(example.target_top_ids) for example in train_examples),
+                         answer_tokens=answer_tokens, prompt_tokens=labelled_tokens - answer_tokens,
                          draft_vocab_size=draft_vocab_size, **inputs_record, **history)
     ctx.tracker.log_model(ctx.draft_dir, f"draft-{domain.name}-{method.name}",
                           {"domain": domain.name, "method": method.name, "train_steps": result.steps,
