@@ -349,8 +349,8 @@ def test_generated_answers_are_cached_and_masks_cover_only_the_answer(tiny_pair)
 
     prompts = [Prompt(f"p{i}", text, "train") for i, text in enumerate(["hello", "two words", "3"])]
     args = (tiny_pair, prompts, "unit", "tiny-random-v1", SamplingParams(temperature=1.0), 6, 2, 0, None, 8)
-    first, directory, cached = generate_dataset(*args)
-    again, _, cached_again = generate_dataset(*args)
+    first, directory, cached, _ = generate_dataset(*args)
+    again, _, cached_again, _ = generate_dataset(*args)
     assert not cached and cached_again and directory.is_dir()
     assert first["input_ids"] == again["input_ids"]
     for record in first:
