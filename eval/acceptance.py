@@ -18,9 +18,10 @@ from typing import Optional
 import numpy as np
 from tqdm.auto import tqdm
 
+from decode.acceptance_rules import RULES
 from decode.cost_model import MAX_GAMMA, MIN_VERIFY_COST, best_gamma, expected_tokens_per_round, round_cost
 from decode.metrics import DecodeMetrics
-from decode.records import AcceptanceFigures
+from decode.records import AcceptanceFigures, RuleFigures
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy, SpeculativeDecoder
 from decode.step_costs import StepCosts
@@ -77,7 +78,7 @@ def figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], gamma: int, step
         token_acceptance=acceptance, token_acceptance_interval=intervals["token_acceptance_interval"],
         mean_accepted_length=finite(total.mean_accepted_length),
         acceptance_by_position=[finite(rate) for rate in total.acceptance_by_position()],
-        tokens_per_s=finite(total.tokens_per_s), counts=asdict(total))
+        tokens_per_s=finite(total.tokens_per_s), counts=asdict(total), rules=rule_figures(spec, samples, seed))
     if step_costs is not None and acceptance is not None:
         result.c, result.v = step_costs.c, step_costs.v(gamma)
         result.predicted_speedup = step_costs.predicted_speedup(acceptance, gamma)
@@ -154,6 +155,23 @@ def baseline_is_off(result: AcceptanceFigures) -> bool:
     if slow_ar or interval is None or result.predicted_speedup is None:
         return slow_ar
     return interval[0] > prediction_bounds(result)[1]
+
+
+def rule_figures(spec: list[DecodeMetrics], samples: int, seed: int) -> dict[str, RuleFigures]:
+    """Each drafting rule's expected acceptance per tested position (decode/acceptance_rules.py), with a 95%
+    interval by a bootstrap over the prompts, and per draft position; empty for decodes without them."""
+    total = sum(spec, DecodeMetrics())
+    if not total.row_rule_accepted:
+        return {}
+    rule_accepted = np.array(total.row_rule_accepted, dtype=float).reshape(-1, len(RULES))
+    drafted_accepted_rejected = np.array(total.row_counts, dtype=float).reshape(-1, 3)
+    tested = drafted_accepted_rejected[:, 1] + drafted_accepted_rejected[:, 2]
+    return {rule: RuleFigures(
+        token_acceptance=finite(total.rule_acceptance(rule)),
+        token_acceptance_interval=bootstrap_interval(np.stack([rule_accepted[:, index], tested], 1), ratio_of_sums,
+                                                     samples, seed),
+        by_position=[finite(rate) for rate in total.rule_acceptance_by_position(rule)])
+        for index, rule in enumerate(RULES)}
 
 
 def acceptance_intervals(speculative: list[DecodeMetrics], autoregressive: list[DecodeMetrics] | None,

@@ -17,7 +17,8 @@ import pytest
 
 from decode.config import PairConfig
 from decode.models import ModelSpec
-from decode.records import EngineCheck
+from decode.engine_rules import llama_cpp_figures
+from decode.records import AcceptanceFigures, EngineCheck, RuleFigures
 from decode.serving.engine_costs import EngineCosts
 from decode.export.engines import ServingTarget, write_serving_files
 from decode.kinds.independent.export import serving_flags
@@ -167,13 +168,16 @@ def test_the_predicted_speedup_is_tokens_per_round_over_the_cost_of_a_round():
 def test_the_exports_engine_check_serves_the_draft_and_picks_llama_cpps_gamma(tmp_path, tiny_pair, ggufs,
                                                                              server_binary):
     spec = ServerSpec(ggufs["target"], ggufs["draft"], gamma=3)
-    engine = engine_check(spec, prompt_ids(tiny_pair, 2), 12, tmp_path / "engine.log", token_acceptance=0.05)
+    # the eval's greedy-rule figures: half the tested positions at confidence 0.1 (never accepted), half at 0.95
+    confidence = {"confidence_tested": [0, 0, 50] + [0] * 16 + [50], "confidence_greedy_accepted": [0.0] * 19 + [45.0]}
+    acceptance = AcceptanceFigures(gamma=3, rules={"greedy": RuleFigures(token_acceptance=0.45)}, counts=confidence)
+    engine = engine_check(spec, prompt_ids(tiny_pair, 2), 12, tmp_path / "engine.log", acceptance)
     assert engine.drafted > 0 and engine.c > 0 and set(engine.v) == set(range(1, 9))
     # plain JSON: summaries and W&B take it as it is
     assert EngineCheck.from_json(json.loads(json.dumps(engine.to_json()))) == engine
-    assert engine.gamma == EngineCosts(engine.target_tokens_per_s, engine.draft_tokens_per_s,
-                                       {g: (g + 1) * engine.target_tokens_per_s / v
-                                        for g, v in engine.v.items()}).best_gamma(0.05)
+    expected = llama_cpp_figures(acceptance, engine.c, engine.v, "llama.cpp")
+    assert (engine.gamma, engine.p_min, engine.token_acceptance) == (expected.gamma, expected.p_min, 0.45)
+    assert engine.predicted_speedup == pytest.approx(expected.predicted_speedup)
     warning = engine_warning(replace(engine, predicted_speedup=0.4))
     assert "0.40x the target alone: serve the target without this draft" in warning
     assert engine_warning(replace(engine, predicted_speedup=1.2)) is None
