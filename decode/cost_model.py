@@ -29,6 +29,12 @@ def expected_tokens_per_round(token_acceptance: float, gamma: int) -> float:
     return sum(token_acceptance ** i for i in range(gamma + 1))
 
 
+def expected_alpha(token_acceptance: float, gamma: int) -> float:
+    """accepted / drafted when every round drafts gamma tokens, each accepted with probability a once tested:
+    (a + ... + a^gamma) / gamma."""
+    return (expected_tokens_per_round(token_acceptance, gamma) - 1) / gamma
+
+
 def round_cost(draft_cost: float, verify_cost: float, drafted: float) -> float:
     """A round's cost in AR steps: `drafted` draft steps (draft_cost each) and one verify (verify_cost)."""
     return drafted * draft_cost + verify_cost

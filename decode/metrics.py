@@ -37,7 +37,9 @@ class DecodeMetrics:
     # (proposed, none rejected before them): expected accepted counts under that rule, at the contexts decoded
     tested_per_position: list[int] = field(default_factory=list)
     rule_accepted_per_position: dict[str, list[float]] = field(default_factory=dict)
-    row_rule_accepted: list[list[float]] = field(default_factory=list)  # per sequence, in RULES order
+    # per sequence: tested positions per draft position, and each rule's sums [rule (RULES order)][position]
+    row_tested: list[list[int]] = field(default_factory=list)
+    row_rule_accepted: list[list[list[float]]] = field(default_factory=list)
     # per draft-confidence bin (llama.cpp's, decode/acceptance_rules.py): tested positions, their greedy acceptance
     confidence_tested: list[int] = field(default_factory=list)
     confidence_greedy_accepted: list[float] = field(default_factory=list)
@@ -51,7 +53,7 @@ class DecodeMetrics:
         merged = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(other, f.name)
-            if f.name in ("row_counts", "row_rule_accepted"):
+            if f.name in ("row_counts", "row_tested", "row_rule_accepted"):
                 merged[f.name] = a + b
             elif isinstance(a, dict):
                 merged[f.name] = {key: _add_lists(a.get(key, []), b.get(key, [])) for key in a | b}

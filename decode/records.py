@@ -38,11 +38,12 @@ def _by_gamma_json(values: dict) -> dict:
 @dataclass(kw_only=True)
 class RuleFigures:
     """One drafting rule's expected acceptance (decode/acceptance_rules.py) at the positions the eval tested: per
-    token with its 95% interval over prompts, and per draft position."""
+    token and per draft position, each with its 95% interval over prompts."""
 
     token_acceptance: Optional[float] = None
     token_acceptance_interval: Optional[list[float]] = None
     by_position: list[Optional[float]] = field(default_factory=list)
+    by_position_intervals: list[Optional[list[float]]] = field(default_factory=list)
 
 
 @dataclass(kw_only=True)

@@ -223,7 +223,9 @@ class _Batch:
         # each drafting rule's acceptance probability at the tested positions (decode/acceptance_rules.py), summed
         self.tested_per_position = torch.zeros(largest_gamma, dtype=torch.long, device=device)
         self.rule_accepted_per_position = torch.zeros(len(RULES), largest_gamma, dtype=torch.float64, device=device)
-        self.row_rule_accepted = torch.zeros(self.batch, len(RULES), dtype=torch.float64, device=device)
+        self.row_tested = torch.zeros(self.batch, largest_gamma, dtype=torch.long, device=device)
+        self.row_rule_accepted = torch.zeros(self.batch, len(RULES), largest_gamma, dtype=torch.float64,
+                                             device=device)
         self.confidence_tested = torch.zeros(CONFIDENCE_BINS, dtype=torch.long, device=device)
         self.confidence_greedy_accepted = torch.zeros(CONFIDENCE_BINS, dtype=torch.float64, device=device)
         self.record_top_k = record_top_k
@@ -352,7 +354,8 @@ class _Batch:
         per_rule = rule_acceptance(target_probs, draft_probs).to(torch.float64) * weights[..., None]
         self.tested_per_position[:drafting] += tested.sum(0)
         self.rule_accepted_per_position[:, :drafting] += per_rule.sum(0).T
-        self.row_rule_accepted += per_rule.sum(1)
+        self.row_tested[:, :drafting] += tested
+        self.row_rule_accepted[:, :, :drafting] += per_rule.transpose(1, 2)
         bins = confidence_bin(confidence)
         self.confidence_tested.scatter_add_(0, bins.flatten(), tested.long().flatten())
         self.confidence_greedy_accepted.scatter_add_(0, bins.flatten(), per_rule[..., RULES.index("greedy")].flatten())
@@ -392,6 +395,7 @@ class _Batch:
         metrics.row_counts = self.row_counts.tolist()
         metrics.tested_per_position = self.tested_per_position.tolist()
         metrics.rule_accepted_per_position = dict(zip(RULES, self.rule_accepted_per_position.tolist()))
+        metrics.row_tested = self.row_tested.tolist()
         metrics.row_rule_accepted = self.row_rule_accepted.tolist()
         metrics.confidence_tested = self.confidence_tested.tolist()
         metrics.confidence_greedy_accepted = self.confidence_greedy_accepted.tolist()

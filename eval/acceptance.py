@@ -158,19 +158,26 @@ def baseline_is_off(result: AcceptanceFigures) -> bool:
 
 
 def rule_figures(spec: list[DecodeMetrics], samples: int, seed: int) -> dict[str, RuleFigures]:
-    """Each drafting rule's expected acceptance per tested position (decode/acceptance_rules.py), with a 95%
-    interval by a bootstrap over the prompts, and per draft position; empty for decodes without them."""
+    """Each drafting rule's expected acceptance per tested position (decode/acceptance_rules.py), per token and per
+    draft position, with 95% intervals by a bootstrap over the prompts; empty for decodes without them."""
     total = sum(spec, DecodeMetrics())
-    if not total.row_rule_accepted:
+    if not total.row_tested:
         return {}
-    rule_accepted = np.array(total.row_rule_accepted, dtype=float).reshape(-1, len(RULES))
-    drafted_accepted_rejected = np.array(total.row_counts, dtype=float).reshape(-1, 3)
-    tested = drafted_accepted_rejected[:, 1] + drafted_accepted_rejected[:, 2]
+    positions = max(len(tested) for tested in total.row_tested)
+    tested = np.zeros((len(total.row_tested), positions))  # [prompts, positions]
+    rule_accepted = np.zeros((len(total.row_tested), len(RULES), positions))  # [prompts, rules, positions]
+    for row, (row_tested, row_accepted) in enumerate(zip(total.row_tested, total.row_rule_accepted)):
+        tested[row, :len(row_tested)] = row_tested
+        rule_accepted[row, :, :len(row_tested)] = np.array(row_accepted).reshape(len(RULES), -1)
+
+    def interval(accepted: np.ndarray, tested_there: np.ndarray):
+        return bootstrap_interval(np.stack([accepted, tested_there], 1), ratio_of_sums, samples, seed)
+
     return {rule: RuleFigures(
         token_acceptance=finite(total.rule_acceptance(rule)),
-        token_acceptance_interval=bootstrap_interval(np.stack([rule_accepted[:, index], tested], 1), ratio_of_sums,
-                                                     samples, seed),
-        by_position=[finite(rate) for rate in total.rule_acceptance_by_position(rule)])
+        token_acceptance_interval=interval(rule_accepted[:, index].sum(1), tested.sum(1)),
+        by_position=[finite(rate) for rate in total.rule_acceptance_by_position(rule)],
+        by_position_intervals=[interval(rule_accepted[:, index, at], tested[:, at]) for at in range(positions)])
         for index, rule in enumerate(RULES)}
 
 

@@ -138,7 +138,9 @@ def test_one_eval_pass_gives_every_rule_per_position_with_intervals_and_each_eng
     sampled = result.rules["sampled"]
     low, high = result.token_acceptance_interval
     assert low < sampled.token_acceptance < high and sampled.token_acceptance_interval[0] < sampled.token_acceptance
-    assert len(sampled.by_position) == 3 and all(0 <= rate <= 1 for rate in sampled.by_position)
+    assert len(sampled.by_position) == len(sampled.by_position_intervals) == 3
+    for rate, (low, high) in zip(sampled.by_position, sampled.by_position_intervals):
+        assert low <= rate <= high
     assert set(result.rules) == set(RULES)
     engines = engine_figures(result, 0.2, {1: 1.05, 2: 1.1, 3: 1.2})
     assert engines["vllm"].token_acceptance == result.rules["greedy"].token_acceptance
