@@ -29,6 +29,12 @@ def expected_tokens_per_round(token_acceptance: float, gamma: int) -> float:
     return sum(token_acceptance ** i for i in range(gamma + 1))
 
 
+def expected_alpha(token_acceptance: float, gamma: int) -> float:
+    """accepted / drafted when every round drafts gamma tokens, each accepted with probability a once tested:
+    (a + ... + a^gamma) / gamma."""
+    return (expected_tokens_per_round(token_acceptance, gamma) - 1) / gamma
+
+
 def round_cost(draft_cost: float, verify_cost: float, drafted: float) -> float:
     """A round's cost in AR steps: `drafted` draft steps (draft_cost each) and one verify (verify_cost)."""
     return drafted * draft_cost + verify_cost
@@ -62,3 +68,36 @@ def break_even_acceptance(draft_cost: float, verify_cost: float, gamma: int) -> 
         raise ValueError(f"a round costs {cost:.2f} target steps and emits at most {gamma + 1} tokens: "
                          f"speculation at gamma {gamma} is slower than the target alone at any acceptance")
     return increasing_root(lambda acceptance: expected_tokens_per_round(acceptance, gamma), cost)
+
+
+def predicted_speedup_with_cutoff(kept: float, kept_and_accepted: float, gamma: int, draft_cost: float,
+                                  verify_costs: Mapping[int, float]) -> float:
+    """The speedup of greedy drafting that stops at the first position whose draft confidence falls under a
+    cut-off (llama.cpp's --spec-draft-p-min), with positions independent and alike:
+
+        kept              = P(a position's confidence clears the cut-off)
+        kept_and_accepted = P(it clears it and the target accepts the token)
+
+    A round drafts D = the leading positions that clear it (at most gamma), in min(D + 1, gamma) draft forwards,
+    verifies them in v(D) (v(0) = 1: a plain target step), and yields 1 + b + ... + b^gamma tokens with
+    b = kept_and_accepted. Without a cut-off (kept = 1) this is predicted_speedup(b, gamma, c, v(gamma))."""
+    costs = {0: 1.0, **verify_costs}
+    drafted_probabilities = [kept ** d * (1 - kept) for d in range(gamma)] + [kept ** gamma]
+    cost = sum(probability * round_cost(draft_cost, costs[d], min(d + 1, gamma))
+               for d, probability in enumerate(drafted_probabilities) if probability)
+    return expected_tokens_per_round(kept_and_accepted, gamma) / cost
+
+
+def best_gamma_and_cutoff(rates_by_cutoff: Mapping[float, tuple[float, float]], draft_cost: float,
+                          verify_costs: Mapping[int, float]) -> tuple[int, float, float]:
+    """(gamma, cut-off, predicted speedup) with the highest predicted speedup over verify_costs' gammas and the
+    cut-offs of rates_by_cutoff (cut-off -> (kept, kept_and_accepted)); the lowest cut-off and gamma on a tie,
+    so that a cut-off is recommended only where it helps."""
+    best = None
+    for cutoff in sorted(rates_by_cutoff):
+        kept, kept_and_accepted = rates_by_cutoff[cutoff]
+        for gamma in sorted(verify_costs):
+            speedup = predicted_speedup_with_cutoff(kept, kept_and_accepted, gamma, draft_cost, verify_costs)
+            if best is None or speedup > best[2]:
+                best = (gamma, cutoff, speedup)
+    return best

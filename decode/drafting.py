@@ -10,6 +10,7 @@ import abc
 
 import torch
 
+from decode.acceptance_rules import llama_cpp_confidence
 from decode.sampling import SamplingParams, probs_from_logits, sample
 
 
@@ -28,7 +29,7 @@ class Drafter(abc.ABC):
 
     @abc.abstractmethod
     def propose(self, state, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
-        """-> sample_steps' (tokens [B, gamma], q [B, gamma, V], copies [B, gamma] or None)."""
+        """-> sample_steps' (tokens [B, gamma], q [B, gamma, V], copies [B, gamma] or None, confidence [B, gamma])."""
 
     @abc.abstractmethod
     def verified(self, state, new_tokens: torch.Tensor, accepted_counts: torch.Tensor, start: torch.Tensor,
@@ -49,9 +50,11 @@ def sample_steps(first_logits: torch.Tensor, gamma: int, sampling: SamplingParam
                  copies=None):
     """gamma draws, each from the draft's last logits; next_logits(step, tokens) runs the draft on them.
     copies (speculative._Batch._copies) replaces a draw by a context copy where a row has one.
-    -> tokens [B, gamma], their distributions q [B, gamma, V], which were copies [B, gamma] (None without)."""
-    logits, tokens, probs, copied = first_logits, [], [], []
+    -> tokens [B, gamma], their distributions q [B, gamma, V], which were copies [B, gamma] (None without), and
+    the draft's confidence as llama.cpp's draft sampler measures it [B, gamma] (decode/acceptance_rules.py)."""
+    logits, tokens, probs, copied, confidence = first_logits, [], [], [], []
     for step in range(gamma):
+        confidence.append(llama_cpp_confidence(logits[:, -1]))
         step_probs = probs_from_logits(logits[:, -1], sampling)
         step_tokens = sample(step_probs, generator)
         if copies is not None:
@@ -61,4 +64,5 @@ def sample_steps(first_logits: torch.Tensor, gamma: int, sampling: SamplingParam
         probs.append(step_probs)
         if step < gamma - 1:
             logits = next_logits(step, step_tokens)
-    return torch.stack(tokens, dim=1), torch.stack(probs, dim=1), torch.stack(copied, dim=1) if copied else None
+    return (torch.stack(tokens, dim=1), torch.stack(probs, dim=1), torch.stack(copied, dim=1) if copied else None,
+            torch.stack(confidence, dim=1))

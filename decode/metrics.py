@@ -33,6 +33,16 @@ class DecodeMetrics:
     rounds_per_gamma: list[int] = field(default_factory=list)  # row-rounds at each policy gamma (AR steps at 0)
     # per sequence, in decode order: [drafted, accepted, rejected]; intervals over prompts resample these
     row_counts: list[list[int]] = field(default_factory=list)
+    # Each drafting rule's acceptance probability (decode/acceptance_rules.py) summed over the tested positions
+    # (proposed, none rejected before them): expected accepted counts under that rule, at the contexts decoded
+    tested_per_position: list[int] = field(default_factory=list)
+    rule_accepted_per_position: dict[str, list[float]] = field(default_factory=dict)
+    # per sequence: tested positions per draft position, and each rule's sums [rule (RULES order)][position]
+    row_tested: list[list[int]] = field(default_factory=list)
+    row_rule_accepted: list[list[list[float]]] = field(default_factory=list)
+    # per draft-confidence bin (llama.cpp's, decode/acceptance_rules.py): tested positions, their greedy acceptance
+    confidence_tested: list[int] = field(default_factory=list)
+    confidence_greedy_accepted: list[float] = field(default_factory=list)
     ttft_s: float = 0.0  # summed over calls
     draft_prefill_s: float = 0.0  # the draft's prompt forward: like ttft, not a per-round cost
     draft_s: float = 0.0  # draft steps in the rounds: forwards and sampling
@@ -43,8 +53,10 @@ class DecodeMetrics:
         merged = {}
         for f in fields(self):
             a, b = getattr(self, f.name), getattr(other, f.name)
-            if f.name == "row_counts":
+            if f.name in ("row_counts", "row_tested", "row_rule_accepted"):
                 merged[f.name] = a + b
+            elif isinstance(a, dict):
+                merged[f.name] = {key: _add_lists(a.get(key, []), b.get(key, [])) for key in a | b}
             else:
                 merged[f.name] = _add_lists(a, b) if isinstance(a, list) else a + b
         return DecodeMetrics(**merged)
@@ -84,6 +96,15 @@ class DecodeMetrics:
     @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.total_s if self.total_s else float("nan")
+
+    def rule_acceptance(self, rule: str) -> float:
+        """The rule's expected acceptance per tested position: its per-token acceptance a at these contexts."""
+        tested = sum(self.tested_per_position)
+        return sum(self.rule_accepted_per_position.get(rule, [])) / tested if tested else float("nan")
+
+    def rule_acceptance_by_position(self, rule: str) -> list[float]:
+        return [a / t if t else float("nan")
+                for a, t in zip(self.rule_accepted_per_position.get(rule, []), self.tested_per_position)]
 
     def acceptance_by_position(self) -> list[float]:
         return [a / d if d else float("nan")

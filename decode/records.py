@@ -36,6 +36,17 @@ def _by_gamma_json(values: dict) -> dict:
 
 
 @dataclass(kw_only=True)
+class RuleFigures:
+    """One drafting rule's expected acceptance (decode/acceptance_rules.py) at the positions the eval tested: per
+    token and per draft position, each with its 95% interval over prompts."""
+
+    token_acceptance: Optional[float] = None
+    token_acceptance_interval: Optional[list[float]] = None
+    by_position: list[Optional[float]] = field(default_factory=list)
+    by_position_intervals: list[Optional[list[float]]] = field(default_factory=list)
+
+
+@dataclass(kw_only=True)
 class AcceptanceFigures:
     """One draft on a set of prompts at one gamma (eval/acceptance.py figures): summed counts, the rates with their
     95% intervals, the speed against AR, the prediction from the step costs, and `flags`: what makes the speedup
@@ -65,12 +76,42 @@ class AcceptanceFigures:
     flags: list[str] = field(default_factory=list)
     counts: dict = field(default_factory=dict)  # decode.metrics.DecodeMetrics, summed, as plain data
     ar_counts: Optional[dict] = None
+    rules: dict[str, RuleFigures] = field(default_factory=dict)  # per drafting rule
 
     def to_json(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_json(cls, data: dict) -> AcceptanceFigures:
+        known = _known(cls, data)
+        rules = {rule: RuleFigures(**figures) for rule, figures in known.pop("rules", {}).items()}
+        return cls(**known, rules=rules)
+
+
+@dataclass(kw_only=True)
+class EngineFigures:
+    """What one engine can expect from the draft under its own drafting rule (decode/engine_rules.py): the rule's
+    per-token acceptance, the gamma (and for llama.cpp the --spec-draft-p-min) with the most predicted tokens per
+    second, and that predicted speedup over the target alone, from the step costs named in `step_costs`."""
+
+    engine: str
+    rule: str
+    token_acceptance: Optional[float] = None
+    token_acceptance_interval: Optional[list[float]] = None
+    step_costs: str = "decoder"  # whose step costs: decoder (this project's, timed in the eval) | llama.cpp
+    gamma: Optional[int] = None
+    p_min: Optional[float] = None
+    predicted_speedup: Optional[float] = None
+
+    @property
+    def worth_serving(self) -> Optional[bool]:
+        return None if self.predicted_speedup is None else self.predicted_speedup >= 1.0
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> EngineFigures:
         return cls(**_known(cls, data))
 
 
@@ -119,7 +160,8 @@ class EngineCheck:
     c: Optional[float] = None
     v: Optional[dict[int, float]] = None
     gamma: Optional[int] = None
-    token_acceptance: Optional[float] = None
+    p_min: Optional[float] = None  # --spec-draft-p-min with the most predicted tokens per second
+    token_acceptance: Optional[float] = None  # llama.cpp's drafting rule's (greedy), from the eval
     predicted_speedup: Optional[float] = None
 
     @property
@@ -132,8 +174,8 @@ class EngineCheck:
         data = {"prompts": self.prompts, "drafted": self.drafted, "accepted": self.accepted, "alpha": self.alpha}
         if self.has_step_costs:
             data.update(target_tokens_per_s=self.target_tokens_per_s, draft_tokens_per_s=self.draft_tokens_per_s,
-                        c=self.c, v=_by_gamma_json(self.v), gamma=self.gamma, token_acceptance=self.token_acceptance,
-                        predicted_speedup=self.predicted_speedup)
+                        c=self.c, v=_by_gamma_json(self.v), gamma=self.gamma, p_min=self.p_min,
+                        token_acceptance=self.token_acceptance, predicted_speedup=self.predicted_speedup)
         return data
 
     @classmethod

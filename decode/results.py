@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import List, Optional, TypeVar
 
 from decode.files import write_json
-from decode.records import AcceptanceFigures, EngineCheck, StepCostFigures
+from decode.records import AcceptanceFigures, EngineCheck, EngineFigures, StepCostFigures
 
 log = logging.getLogger(__name__)
 
@@ -97,19 +97,29 @@ class EvalResult:
     # with context copies on (decode.copy_ngram): the trained draft on the same prompts without them, as the
     # engines serve it (vLLM and SGLang run a draft or n-gram lookup, not both)
     draft_alone: Optional[AcceptanceFigures] = None
+    # per engine (vllm, sglang, llama_cpp): its drafting rule's acceptance on the draft alone, the gamma (and
+    # llama.cpp's p_min) it predicts best at the decoder's step costs, that prediction (decode/engine_rules.py)
+    engines: dict[str, EngineFigures] = field(default_factory=dict)
 
     @property
     def token_acceptance(self) -> Optional[float]:
         return self.after.token_acceptance
 
     @property
-    def engine_token_acceptance(self) -> Optional[float]:
-        """The per-token acceptance an engine serving this draft can expect: without context copies."""
-        return (self.draft_alone or self.after).token_acceptance
+    def engine_acceptance(self) -> AcceptanceFigures:
+        """What an engine serving this draft sees: the draft without context copies."""
+        return self.draft_alone or self.after
 
     @property
-    def engine_gamma(self) -> Optional[int]:
-        """The gamma the engines are told: the recommended one for the draft without context copies."""
+    def engine_token_acceptance(self) -> Optional[float]:
+        """The per-token acceptance an engine serving this draft can expect under the sampled rule."""
+        return self.engine_acceptance.token_acceptance
+
+    def engine_gamma(self, engine: str) -> Optional[int]:
+        """The gamma the engine is told: the best for its drafting rule; the sampled rule's for a record without."""
+        figures = self.engines.get(engine)
+        if figures is not None and figures.gamma is not None:
+            return figures.gamma
         return self.draft_alone.recommended_gamma if self.draft_alone else self.recommended_gamma
 
     def to_json(self) -> dict:
@@ -118,7 +128,8 @@ class EvalResult:
                 "step_costs": _optional(self.step_costs, StepCostFigures.to_json),
                 "recommended_gamma": self.recommended_gamma,
                 "speed": _optional(self.speed, AcceptanceFigures.to_json), "verdict": self.verdict,
-                "draft_alone": _optional(self.draft_alone, AcceptanceFigures.to_json)}
+                "draft_alone": _optional(self.draft_alone, AcceptanceFigures.to_json),
+                "engines": {engine: figures.to_json() for engine, figures in self.engines.items()}}
 
     @classmethod
     def from_json(cls, data: dict) -> EvalResult:
@@ -127,7 +138,9 @@ class EvalResult:
                    step_costs=_optional(data["step_costs"], StepCostFigures.from_json),
                    recommended_gamma=data["recommended_gamma"],
                    speed=_optional(data["speed"], AcceptanceFigures.from_json), verdict=data.get("verdict"),
-                   draft_alone=_optional(data.get("draft_alone"), AcceptanceFigures.from_json))
+                   draft_alone=_optional(data.get("draft_alone"), AcceptanceFigures.from_json),
+                   engines={engine: EngineFigures.from_json(figures)
+                            for engine, figures in data.get("engines", {}).items()})
 
 
 def _optional(value, convert):

@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 
 import torch
 
+from decode.acceptance_rules import CONFIDENCE_BINS, RULES, confidence_bin, rule_acceptance
 from decode.cost_model import DEFAULT_GAMMA, MAX_GAMMA, MIN_GAMMA
 from decode.drafting import Drafter
 from decode.kinds.independent.drafter import IndependentDrafter
@@ -219,6 +220,14 @@ class _Batch:
         self.rejected = torch.zeros(1, dtype=torch.long, device=device)
         self.copied = torch.zeros(1, dtype=torch.long, device=device)
         self.row_counts = torch.zeros(self.batch, 3, dtype=torch.long, device=device)  # drafted, accepted, rejected
+        # each drafting rule's acceptance probability at the tested positions (decode/acceptance_rules.py), summed
+        self.tested_per_position = torch.zeros(largest_gamma, dtype=torch.long, device=device)
+        self.rule_accepted_per_position = torch.zeros(len(RULES), largest_gamma, dtype=torch.float64, device=device)
+        self.row_tested = torch.zeros(self.batch, largest_gamma, dtype=torch.long, device=device)
+        self.row_rule_accepted = torch.zeros(self.batch, len(RULES), largest_gamma, dtype=torch.float64,
+                                             device=device)
+        self.confidence_tested = torch.zeros(CONFIDENCE_BINS, dtype=torch.long, device=device)
+        self.confidence_greedy_accepted = torch.zeros(CONFIDENCE_BINS, dtype=torch.float64, device=device)
         self.record_top_k = record_top_k
         self.recorded: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: ids, log-probs [B, k]
         self.drafter: Drafter | None = None
@@ -274,7 +283,7 @@ class _Batch:
         kv_len = self._kv_len(drafting + 1)
         started = timer.start()
         copies = self._copies(copy_ngram) if copy_ngram else None
-        draft_tokens, draft_probs, copied = self.drafter.propose(self, drafting, sampling, kv_len, copies)
+        draft_tokens, draft_probs, copied, confidence = self.drafter.propose(self, drafting, sampling, kv_len, copies)
         timer.add("draft", started)  # the draft's sampling is part of its time: a step is its forward and draw
 
         started = timer.start()
@@ -286,7 +295,8 @@ class _Batch:
 
         target_probs = probs_from_logits(target_logits, sampling)
         accepted_counts, next_tokens = verify(draft_tokens, draft_probs, target_probs, self.generator)
-        self._count_proposals(draft_tokens, accepted_counts, copied)
+        tested = self._count_proposals(draft_tokens, accepted_counts, copied)
+        self._count_rules(tested, target_probs[:, :drafting], draft_probs, confidence)
         new_tokens = torch.cat([draft_tokens, torch.zeros_like(next_tokens)[:, None]], dim=1)
         new_tokens.scatter_(1, accepted_counts[:, None], next_tokens[:, None])
         was_active = list(self.active_host)
@@ -313,11 +323,12 @@ class _Batch:
         return choose
 
     def _count_proposals(self, draft_tokens: torch.Tensor, accepted_counts: torch.Tensor,
-                         copied: torch.Tensor | None) -> None:
+                         copied: torch.Tensor | None) -> torch.Tensor:
         """Counts as a serving engine keeps them: its draft stops at EOS and at the row's budget.
 
         A row proposes min(gamma, remaining budget, 1 + first EOS among the draft tokens) tokens, accepts
         at most those, and is rejected only when the acceptance test failed among them.
+        -> which positions were tested [B, gamma]: proposed, and none rejected before them.
         """
         drafting = draft_tokens.shape[1]
         is_eos = torch.isin(draft_tokens, self.decoder.eos)
@@ -332,6 +343,22 @@ class _Batch:
         rejected = accepted_counts < drafted
         self.rejected += rejected.sum()
         self.row_counts += torch.stack([drafted, accepted, rejected.long()], dim=-1)
+        return (drafted[:, None] > positions) & (accepted_counts[:, None] >= positions)
+
+    def _count_rules(self, tested: torch.Tensor, target_probs: torch.Tensor, draft_probs: torch.Tensor,
+                     confidence: torch.Tensor) -> None:
+        """Each drafting rule's acceptance probability at the tested positions (p, q [B, gamma, V]), and the
+        greedy rule's by the draft's confidence (confidence [B, gamma]), summed: expected accepted counts."""
+        drafting = tested.shape[1]
+        weights = tested.to(torch.float64)
+        per_rule = rule_acceptance(target_probs, draft_probs).to(torch.float64) * weights[..., None]
+        self.tested_per_position[:drafting] += tested.sum(0)
+        self.rule_accepted_per_position[:, :drafting] += per_rule.sum(0).T
+        self.row_tested[:, :drafting] += tested
+        self.row_rule_accepted[:, :, :drafting] += per_rule.transpose(1, 2)
+        bins = confidence_bin(confidence)
+        self.confidence_tested.scatter_add_(0, bins.flatten(), tested.long().flatten())
+        self.confidence_greedy_accepted.scatter_add_(0, bins.flatten(), per_rule[..., RULES.index("greedy")].flatten())
 
     def _emit(self, new_tokens: torch.Tensor, proposed: torch.Tensor, extra: torch.Tensor | None = None):
         """Append up to proposed [B] of new_tokens [B, K] per active row, cut at EOS and at the budget.
@@ -366,6 +393,12 @@ class _Batch:
         metrics.drafted, metrics.accepted = sum(metrics.drafted_per_position), sum(metrics.accepted_per_position)
         metrics.rejected, metrics.copied = counts[-2], counts[-1]
         metrics.row_counts = self.row_counts.tolist()
+        metrics.tested_per_position = self.tested_per_position.tolist()
+        metrics.rule_accepted_per_position = dict(zip(RULES, self.rule_accepted_per_position.tolist()))
+        metrics.row_tested = self.row_tested.tolist()
+        metrics.row_rule_accepted = self.row_rule_accepted.tolist()
+        metrics.confidence_tested = self.confidence_tested.tolist()
+        metrics.confidence_greedy_accepted = self.confidence_greedy_accepted.tolist()
         metrics.ttft_s = timer.seconds("ttft")
         metrics.draft_prefill_s = timer.seconds("draft_prefill")
         metrics.draft_s = timer.seconds("draft")

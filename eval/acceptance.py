@@ -18,9 +18,10 @@ from typing import Optional
 import numpy as np
 from tqdm.auto import tqdm
 
+from decode.acceptance_rules import RULES
 from decode.cost_model import MAX_GAMMA, MIN_VERIFY_COST, best_gamma, expected_tokens_per_round, round_cost
 from decode.metrics import DecodeMetrics
-from decode.records import AcceptanceFigures
+from decode.records import AcceptanceFigures, RuleFigures
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy, SpeculativeDecoder
 from decode.step_costs import StepCosts
@@ -77,7 +78,7 @@ def figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], gamma: int, step
         token_acceptance=acceptance, token_acceptance_interval=intervals["token_acceptance_interval"],
         mean_accepted_length=finite(total.mean_accepted_length),
         acceptance_by_position=[finite(rate) for rate in total.acceptance_by_position()],
-        tokens_per_s=finite(total.tokens_per_s), counts=asdict(total))
+        tokens_per_s=finite(total.tokens_per_s), counts=asdict(total), rules=rule_figures(spec, samples, seed))
     if step_costs is not None and acceptance is not None:
         result.c, result.v = step_costs.c, step_costs.v(gamma)
         result.predicted_speedup = step_costs.predicted_speedup(acceptance, gamma)
@@ -154,6 +155,30 @@ def baseline_is_off(result: AcceptanceFigures) -> bool:
     if slow_ar or interval is None or result.predicted_speedup is None:
         return slow_ar
     return interval[0] > prediction_bounds(result)[1]
+
+
+def rule_figures(spec: list[DecodeMetrics], samples: int, seed: int) -> dict[str, RuleFigures]:
+    """Each drafting rule's expected acceptance per tested position (decode/acceptance_rules.py), per token and per
+    draft position, with 95% intervals by a bootstrap over the prompts; empty for decodes without them."""
+    total = sum(spec, DecodeMetrics())
+    if not total.row_tested:
+        return {}
+    positions = max(len(tested) for tested in total.row_tested)
+    tested = np.zeros((len(total.row_tested), positions))  # [prompts, positions]
+    rule_accepted = np.zeros((len(total.row_tested), len(RULES), positions))  # [prompts, rules, positions]
+    for row, (row_tested, row_accepted) in enumerate(zip(total.row_tested, total.row_rule_accepted)):
+        tested[row, :len(row_tested)] = row_tested
+        rule_accepted[row, :, :len(row_tested)] = np.array(row_accepted).reshape(len(RULES), -1)
+
+    def interval(accepted: np.ndarray, tested_there: np.ndarray):
+        return bootstrap_interval(np.stack([accepted, tested_there], 1), ratio_of_sums, samples, seed)
+
+    return {rule: RuleFigures(
+        token_acceptance=finite(total.rule_acceptance(rule)),
+        token_acceptance_interval=interval(rule_accepted[:, index].sum(1), tested.sum(1)),
+        by_position=[finite(rate) for rate in total.rule_acceptance_by_position(rule)],
+        by_position_intervals=[interval(rule_accepted[:, index, at], tested[:, at]) for at in range(positions)])
+        for index, rule in enumerate(RULES)}
 
 
 def acceptance_intervals(speculative: list[DecodeMetrics], autoregressive: list[DecodeMetrics] | None,

@@ -20,6 +20,7 @@ import torch
 from matplotlib.figure import Figure
 
 from decode.config import DecodeConfig, PairConfig
+from decode.engine_rules import engine_figures
 from decode.errors import ConfigError, PairError
 from decode.files import published, write_json, write_text
 from decode.metrics import DecodeMetrics
@@ -191,7 +192,12 @@ def build_report(pair_config: PairConfig, decode: DecodeConfig, settings: Report
     step_costs, baselines = step_costs or {}, baselines or {}
 
     def figures_of(label: str, spec: list[DecodeMetrics], ar: list[DecodeMetrics], domain: str | None) -> dict:
-        result = draft_figures(spec, ar, decode, step_costs.get(label), settings.bootstrap_samples, seed).to_json()
+        acceptance = draft_figures(spec, ar, decode, step_costs.get(label), settings.bootstrap_samples, seed)
+        result = acceptance.to_json()
+        costs = step_costs.get(label)
+        if costs is not None:  # each engine under its own drafting rule (decode/engine_rules.py)
+            engines = engine_figures(acceptance, costs.c, {gamma: costs.v(gamma) for gamma in sorted(costs.verify_s)})
+            result["engines"] = {engine: figures.to_json() for engine, figures in engines.items()}
         measured = baselines.get(domain) if domain else None
         if measured and result["speedup"] is not None:
             result["ar_baselines"] = measured
@@ -267,9 +273,10 @@ def _with_interval(value: float | None, interval: list[float] | None, spec: str)
     return f"{_number(value, spec)} [{format(interval[0], spec)}, {format(interval[1], spec)}]"
 
 
-TABLE_HEADER = ("| domain | prompts | per-token acceptance [95% CI] | alpha [95% CI] | accepted length | spec tok/s "
-                "| AR tok/s | speedup [95% CI] | predicted | c | v | recommended gamma | vs strongest AR |\n"
-                "|---|---:|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|")
+TABLE_HEADER = ("| domain | prompts | per-token acceptance [95% CI] | greedy drafts p(argmax q) [95% CI] | "
+                "alpha [95% CI] | accepted length | spec tok/s | AR tok/s | speedup [95% CI] | predicted | c | v | "
+                "recommended gamma | vs strongest AR |\n"
+                "|---|---:|---|---|---|---:|---:|---:|---|---:|---:|---:|---:|---|")
 
 
 def strongest_cell(figures: dict) -> str:
@@ -282,6 +289,7 @@ def strongest_cell(figures: dict) -> str:
 def table_row(name: str, figures: dict) -> str:
     cells = [name + (" (flagged)" if figures["flags"] else ""), str(figures["prompts"]),
              _with_interval(figures["token_acceptance"], figures["token_acceptance_interval"], ".3f"),
+             _with_interval(*greedy_acceptance(figures), ".3f"),
              _with_interval(figures["alpha"], figures["alpha_interval"], ".3f"),
              _number(figures["mean_accepted_length"], ".2f"),
              _number(figures["tokens_per_s"], ".1f"), _number(figures["ar_tokens_per_s"], ".1f"),
@@ -291,8 +299,15 @@ def table_row(name: str, figures: dict) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
+def greedy_acceptance(figures: dict) -> tuple[float | None, list[float] | None]:
+    """The greedy drafting rule's per-token acceptance and interval (what llama.cpp, vLLM and SGLang draft by)."""
+    greedy = figures.get("rules", {}).get("greedy") or {}
+    return greedy.get("token_acceptance"), greedy.get("token_acceptance_interval")
+
+
 TABLE_COLUMNS = ["draft", "domain", "prompts", "drafted", "accepted", "alpha", "alpha_low", "alpha_high",
-                 "token_acceptance", "token_acceptance_low", "token_acceptance_high", "mean_accepted_length",
+                 "token_acceptance", "token_acceptance_low", "token_acceptance_high", "greedy_acceptance",
+                 "greedy_acceptance_low", "greedy_acceptance_high", "mean_accepted_length",
                  "tokens_per_s", "ar_tokens_per_s", "speedup", "speedup_low", "speedup_high", "predicted_speedup",
                  "c", "v", "recommended_gamma", "speedup_vs_strongest_ar", "flagged"]
 
@@ -304,7 +319,9 @@ def table_rows(report: dict) -> tuple[list[str], list[list]]:
         for name, figures in {**draft["domains"], ALL_DOMAINS: draft["overall"]}.items():
             rows.append([label, name, figures["prompts"], figures["drafted"], figures["accepted"], figures["alpha"],
                          *(figures["alpha_interval"] or [None, None]), figures["token_acceptance"],
-                         *(figures["token_acceptance_interval"] or [None, None]), figures["mean_accepted_length"],
+                         *(figures["token_acceptance_interval"] or [None, None]),
+                         greedy_acceptance(figures)[0], *(greedy_acceptance(figures)[1] or [None, None]),
+                         figures["mean_accepted_length"],
                          figures["tokens_per_s"], figures["ar_tokens_per_s"], figures["speedup"],
                          *(figures["speedup_interval"] or [None, None]), figures["predicted_speedup"], figures["c"],
                          figures["v"], figures["recommended_gamma"], figures.get("speedup_vs_strongest_ar"),

@@ -6,7 +6,8 @@ the first eval.untrained_prompts of them). The trained draft's step costs (c, v(
 then timed, and with its per-token acceptance they give the recommended gamma. Speed is measured there on the
 first eval.speed_prompts prompts one request at a time, speculative and AR interleaved, next to the speedup those
 costs predict. With context copies on (decode.copy_ngram), the trained draft is measured once more without them:
-that is what the engines serve. The untrained draft is measured once per run directory (eval_before.json) and
+that is what the engines serve. Each engine's figures (decode/engine_rules.py) come from its own drafting rule's
+acceptance in the same decodes (decode/acceptance_rules.py) and the decoder's step costs. The untrained draft is measured once per run directory (eval_before.json) and
 reused while the prompts and settings are the same; everything else goes into the stage's record
 (results/eval.json).
 """
@@ -20,6 +21,7 @@ from dataclasses import asdict, replace
 
 from decode.config import DecodeConfig
 from decode.context import RunContext
+from decode.engine_rules import engine_figures
 from decode.files import write_json
 from decode.records import AcceptanceFigures
 from decode.results import EvalResult
@@ -66,9 +68,11 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     # are told (llama.cpp's gamma and predicted speedup) comes from the draft measured without them
     alone = measure(decoder, "trained draft without context copies", prompt_ids, settings.batch_size, False,
                     replace(policy, copy_ngram=0), costs) if policy.copy_ngram else None
+    step_costs = costs.figures()
     result = EvalResult(draft_fingerprint=draft_fingerprint, prompts=len(prompt_ids), gamma=policy.gamma,
-                        before=before, after=after, step_costs=costs.figures(),
-                        recommended_gamma=after.recommended_gamma, speed=None, draft_alone=alone)
+                        before=before, after=after, step_costs=step_costs,
+                        recommended_gamma=after.recommended_gamma, speed=None, draft_alone=alone,
+                        engines=engine_figures(alone or after, step_costs.c, step_costs.v))
     ctx.tracker.log({"eval/alpha_before": before.alpha, "eval/alpha_after": after.alpha,
                      "eval/token_acceptance_after": after.token_acceptance,
                      **({"eval/token_acceptance_draft_alone": alone.token_acceptance} if alone else {})}, step=0)

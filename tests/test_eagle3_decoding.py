@@ -160,9 +160,9 @@ def test_every_rounds_draft_is_the_training_unroll_on_the_same_tokens(target, mo
     propose = Eagle3Drafter.propose
 
     def recorded(self, state, drafting, sampling, kv_len, copies=None):
-        tokens, probs, copied = propose(self, state, drafting, sampling, kv_len, copies)
+        tokens, probs, copied, confidence = propose(self, state, drafting, sampling, kv_len, copies)
         rounds.append((state.tokens.clone(), state.lengths.clone(), state.active.clone(), tokens, probs))
-        return tokens, probs, copied
+        return tokens, probs, copied, confidence
 
     monkeypatch.setattr(Eagle3Drafter, "propose", recorded)
     with one_thread():

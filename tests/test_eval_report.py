@@ -135,7 +135,7 @@ def test_domain_counts_add_up_to_the_pooled_counts(comparison):
         domains, overall = draft["domains"].values(), draft["overall"]
         for key in SUMMED:
             assert overall[key] == sum(figures[key] for figures in domains), key
-        for key in ("drafted_per_position", "accepted_per_position"):
+        for key in ("drafted_per_position", "accepted_per_position", "tested_per_position", "confidence_tested"):
             assert overall["counts"][key] == [sum(column) for column in zip(*(f["counts"][key] for f in domains))]
         assert overall["alpha"] == pytest.approx(overall["accepted"] / overall["drafted"])
         assert overall["prompts"] == 4
@@ -251,6 +251,9 @@ def test_the_strongest_ar_on_the_machine_is_measured_and_the_speed_against_it_re
     assert chat["speedup_vs_strongest_ar"] == pytest.approx(
         chat["speedup"] * measured["ours"] / measured["strongest_tokens_per_s"])
     assert report["step_costs"]["c"] > 0 and chat["predicted_speedup"] > 0
+    # at temperature 0 every engine's drafting rule accepts what the decoder accepted
+    assert chat["rules"]["greedy"]["token_acceptance"] == pytest.approx(chat["token_acceptance"])
+    assert chat["engines"]["llama_cpp"]["token_acceptance"] == chat["rules"]["greedy"]["token_acceptance"]
 
 
 def test_a_domains_system_prompt_reaches_the_report(monkeypatch):

@@ -66,15 +66,33 @@ def test_every_emitted_engine_argument_is_one_the_engine_documents(tmp_path):
     assert flags["llama_cpp"][flags["llama_cpp"].index("--spec-type") + 1] in SPECULATIVE_METHODS["llama_cpp"]
 
 
-def test_llama_cpp_gets_the_gamma_its_own_step_costs_call_for_and_its_own_warning(tmp_path):
+def test_llama_cpp_gets_the_gamma_and_p_min_its_drafting_rule_calls_for_and_its_own_warning(tmp_path):
     flags = serving_flags(ServingTarget("org/target", "t.gguf"), tmp_path / "draft", tmp_path / "d.gguf", gamma=4,
-                          llama_cpp_gamma=1)
+                          llama_cpp_gamma=1, llama_cpp_p_min=0.35)
     assert flags["vllm_speculative_config"]["num_speculative_tokens"] == 4
     assert flags["llama_cpp"][flags["llama_cpp"].index("--spec-draft-n-max") + 1] == "1"
-    write_serving_files(tmp_path / "serving", flags, llama_cpp_warning="llama.cpp: 0.30x: serve the target alone")
+    assert flags["llama_cpp"][flags["llama_cpp"].index("--spec-draft-p-min") + 1] == "0.35"
+    write_serving_files(tmp_path / "serving", flags, engine_warnings={"llama_cpp": "llama.cpp: 0.30x: serve the target alone"})
     assert "WARNING: llama.cpp: 0.30x" in (tmp_path / "serving" / "llama_cpp.sh").read_text()
     assert "WARNING" not in (tmp_path / "serving" / "vllm.sh").read_text()
     assert not (tmp_path / "serving" / "NOT_WORTH_SERVING").exists()
+
+
+def test_each_engine_is_warned_off_by_its_own_rules_prediction_and_llama_cpp_by_its_own_step_costs():
+    from decode.export.engine_check import engine_warnings
+    from decode.records import EngineCheck, EngineFigures
+
+    evaluated = {"vllm": EngineFigures(engine="vllm", rule="greedy", token_acceptance=0.1, gamma=1,
+                                       predicted_speedup=0.8),
+                 "sglang": EngineFigures(engine="sglang", rule="greedy", token_acceptance=0.1, gamma=1,
+                                         predicted_speedup=1.1),
+                 "llama_cpp": EngineFigures(engine="llama_cpp", rule="greedy", token_acceptance=0.1, gamma=1,
+                                            p_min=0.2, predicted_speedup=0.9)}
+    warnings = engine_warnings(evaluated, None)
+    assert set(warnings) == {"vllm", "llama_cpp"} and warnings["vllm"].startswith("vLLM: ")
+    measured = EngineCheck(prompts=1, drafted=4, accepted=1, alpha=0.25, c=0.2, v={1: 1.1}, gamma=1, p_min=0.0,
+                           token_acceptance=0.1, predicted_speedup=1.05)
+    assert set(engine_warnings(evaluated, measured)) == {"vllm"}  # llama.cpp's own step costs predict a gain
 
 
 def test_a_different_tokenizer_in_the_export_is_refused(tmp_path):
@@ -264,7 +282,7 @@ def test_a_retrained_draft_is_never_exported_with_the_previous_drafts_figures(tm
     from decode.results import EvalResult, load_result
 
     _, first = export_run(tmp_path, ["generate", "train", "eval", "export"], ["decode.max_gamma=5"])
-    old_gamma = first["eval"]["recommended_gamma"]
+    old_gamma = first["eval"]["engines"]["vllm"]["gamma"]
     run = tmp_path / "run"
     assert first["export"]["evaluated"] and first["export"]["gamma"] == old_gamma
     old_fingerprint = first["train"]["draft_fingerprint"]
@@ -292,7 +310,7 @@ def test_with_context_copies_the_engines_get_the_figures_of_the_draft_alone(tmp_
     real = decode.kinds.independent.export.write_draft
 
     def recording(job, staging):
-        told.append(job.token_acceptance)
+        told.append(job.engine_acceptance.token_acceptance)
         return real(job, staging)
 
     monkeypatch.setattr(decode.kinds.independent.export, "write_draft", recording)
@@ -300,15 +318,19 @@ def test_with_context_copies_the_engines_get_the_figures_of_the_draft_alone(tmp_
     alone, after = summary["eval"]["draft_alone"], summary["eval"]["after"]
     assert alone["copied"] == 0 and after["copied"] > 0
     assert told == [alone["token_acceptance"]]
-    # the engines' gamma is the one recommended for the draft alone: made to differ from the copies' one here
+    # the engines' figures are the draft alone's under their own drafting rule
+    evaluated = summary["eval"]
+    assert evaluated["engines"]["vllm"]["token_acceptance"] == alone["rules"]["greedy"]["token_acceptance"]
+    assert evaluated["engines"]["vllm"]["token_acceptance"] != after["rules"]["greedy"]["token_acceptance"]
+    # vLLM's and SGLang's gamma is the one the engine figures name: made to differ from the decoder's here
     record = tmp_path / "run" / "results" / "eval.json"
     evaluated = json.loads(record.read_text())
-    evaluated["draft_alone"]["recommended_gamma"] = evaluated["recommended_gamma"] % 7 + 1
+    evaluated["engines"]["vllm"]["gamma"] = evaluated["recommended_gamma"] % 7 + 1
     record.write_text(json.dumps(evaluated))
     _, summary = export_run(tmp_path, ["export"], ["decode.copy_ngram=1"])
-    assert summary["export"]["gamma"] == evaluated["draft_alone"]["recommended_gamma"]
+    assert summary["export"]["gamma"] == evaluated["engines"]["vllm"]["gamma"]
     assert json.loads((tmp_path / "run" / "export" / "serving" / "vllm.json").read_text())[
-        "num_speculative_tokens"] == evaluated["draft_alone"]["recommended_gamma"]
+        "num_speculative_tokens"] == evaluated["engines"]["vllm"]["gamma"]
     card = (tmp_path / "run" / "export" / "README.md").read_text()
     assert f"the draft alone, as vLLM, SGLang and llama.cpp serve it: per-token acceptance " \
            f"{alone['token_acceptance']:.3f}" in card

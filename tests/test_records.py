@@ -3,7 +3,7 @@
 import json
 
 from decode.export.record import ExportRecord, serving_step_costs_of
-from decode.records import AcceptanceFigures, EngineCheck, ServingStepCosts, StepCostFigures
+from decode.records import AcceptanceFigures, EngineCheck, EngineFigures, RuleFigures, ServingStepCosts, StepCostFigures
 from decode.results import EvalResult, ExportResult, load_result, save_result
 
 
@@ -43,8 +43,8 @@ def test_the_engine_check_writes_only_what_it_measured():
     skipped = EngineCheck(skipped="llama-server was not found")
     served = EngineCheck(prompts=2, drafted=20, accepted=12, alpha=0.6)
     timed = EngineCheck(prompts=2, drafted=20, accepted=12, alpha=0.6, target_tokens_per_s=100.0,
-                        draft_tokens_per_s=400.0, c=0.25, v={1: 1.05, 2: 1.1}, gamma=2, token_acceptance=0.7,
-                        predicted_speedup=1.4)
+                        draft_tokens_per_s=400.0, c=0.25, v={1: 1.05, 2: 1.1}, gamma=2, p_min=0.35,
+                        token_acceptance=0.7, predicted_speedup=1.4)
     assert skipped.to_json() == {"skipped": "llama-server was not found"}
     assert set(served.to_json()) == {"prompts", "drafted", "accepted", "alpha"} and not served.has_step_costs
     assert timed.to_json()["v"] == {"1": 1.05, "2": 1.1}
@@ -53,11 +53,15 @@ def test_the_engine_check_writes_only_what_it_measured():
 
 
 def test_an_eval_result_is_saved_and_loaded_whole(tmp_path):
+    rules = {"greedy": RuleFigures(token_acceptance=0.5, token_acceptance_interval=[0.4, 0.6], by_position=[0.6, None])}
+    engines = {"llama_cpp": EngineFigures(engine="llama_cpp", rule="greedy", token_acceptance=0.5, gamma=1, p_min=0.3,
+                                          predicted_speedup=0.9)}
     written = EvalResult(draft_fingerprint="abc", prompts=4, gamma=3, before=figures(), after=figures(alpha=0.7),
                          step_costs=step_costs(True), recommended_gamma=2, speed=figures(speedup=1.2),
-                         draft_alone=figures(copied=0))
+                         draft_alone=figures(copied=0, rules=rules), engines=engines)
     save_result(tmp_path, written)
-    assert load_result(tmp_path, EvalResult, "abc") == written
+    loaded = load_result(tmp_path, EvalResult, "abc")
+    assert loaded == written and loaded.engine_gamma("llama_cpp") == 1 and loaded.engine_gamma("vllm") is None
     assert load_result(tmp_path, EvalResult, "another draft") is None
 
 
@@ -69,7 +73,7 @@ def test_an_eval_result_saved_before_the_typed_records_still_loads(tmp_path):
     (tmp_path / "results").mkdir()
     (tmp_path / "results" / "eval.json").write_text(json.dumps(saved))
     loaded = load_result(tmp_path, EvalResult)
-    assert loaded.after.copied == 0 and loaded.step_costs.v == {1: 1.1} and loaded.engine_gamma == 1
+    assert loaded.after.copied == 0 and loaded.step_costs.v == {1: 1.1} and loaded.engine_gamma("vllm") == 1
 
 
 def test_export_json_reads_back_with_its_serving_step_costs():

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import yaml
 
+from decode.engine_rules import ENGINE_NAMES
 from decode.export.record import ExportRecord
-from decode.records import AcceptanceFigures, EngineCheck, format_figure, format_interval
+from decode.records import AcceptanceFigures, EngineCheck, EngineFigures, format_figure, format_interval
 from decode.results import EvalResult, GenerateResult, TrainResult
 
 
@@ -53,9 +54,6 @@ def model_card(record: ExportRecord, kind, evaluated: EvalResult | None, trained
     return "\n".join(lines)
 
 
-ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llama_cpp": "llama.cpp"}
-
-
 def _files_line(files: dict) -> str:
     by_file = {}
     for engine, name in files.items():
@@ -89,7 +87,27 @@ def _eval_lines(evaluated: EvalResult | None, gamma: int) -> list[str]:
         lines.append(f"- speed at gamma {speed.gamma}: {speed.speedup:.2f}x our autoregressive decoding"
                      f"{format_interval(speed.speedup_interval, '.2f')} "
                      f"(predicted {format_figure(speed.predicted_speedup, '.2f')}x)")
+    if evaluated.engines:
+        lines.append("- per engine, under its own drafting rule (the same decodes; predicted from the step costs "
+                     "named, as if a round's positions were alike and independent):")
+        lines += [f"  - {engine_line(figures)}" for figures in evaluated.engines.values()]
     return lines
+
+
+RULE_NAMES = {"sampled": "sampled drafts accepted with min(1, p/q)",
+              "greedy": "greedy drafts accepted by the target's own sample, p(x)"}
+
+
+def engine_line(figures: EngineFigures) -> str:
+    """One engine's figures as the card and the summary print them."""
+    line = (f"{ENGINE_NAMES[figures.engine]} ({RULE_NAMES[figures.rule]}): per-token acceptance "
+            f"{format_figure(figures.token_acceptance)}{format_interval(figures.token_acceptance_interval)}")
+    if figures.predicted_speedup is None:
+        return line
+    cutoff = f", --spec-draft-p-min {figures.p_min:.2f}" if figures.p_min is not None else ""
+    verdict = "" if figures.worth_serving else ": not worth serving as predicted"
+    return (f"{line}; gamma {figures.gamma}{cutoff} predicts {figures.predicted_speedup:.2f}x the target alone "
+            f"({figures.step_costs} step costs){verdict}")
 
 
 def _acceptance(figures: AcceptanceFigures) -> str:
@@ -115,9 +133,9 @@ def _engine_lines(engine: EngineCheck | None) -> list[str]:
         return [served, ""]
     gamma = engine.gamma
     lines = [f"{served} llama-bench step costs: draft c = {engine.c:.3f}, verify v({gamma}) = "
-             f"{engine.v[gamma]:.3f}; `--spec-draft-n-max {gamma}` predicts "
-             f"{engine.predicted_speedup:.2f}x the target alone at per-token acceptance "
-             f"{engine.token_acceptance:.3f}.", ""]
+             f"{engine.v[gamma]:.3f}; `--spec-draft-n-max {gamma} --spec-draft-p-min {engine.p_min or 0:g}` "
+             f"predicts {engine.predicted_speedup:.2f}x the target alone at per-token acceptance "
+             f"{engine.token_acceptance:.3f} (greedy drafts).", ""]
     if engine.predicted_speedup < 1.0:
         lines += ["**llama.cpp: not worth serving as measured: serve the target without this draft.**", ""]
     return lines

@@ -32,29 +32,30 @@ def sglang_args(target: ServingTarget, algorithm: str, draft: Path, gamma: int) 
             "--speculative-num-draft-tokens", str(gamma + 1)]
 
 
-def llama_cpp_args(target: ServingTarget, draft_gguf: Path, spec_type: str, gamma: int) -> list[str]:
+def llama_cpp_args(target: ServingTarget, draft_gguf: Path, spec_type: str, gamma: int,
+                   p_min: float = 0.0) -> list[str]:
+    """p_min: drafting stops at the first position whose draft confidence is under it (0: never)."""
     # current llama-server names (the older --draft-max/--draft-min are refused as removed)
     return ["llama-server", "-m", target.gguf_path or "<target>.gguf", "-md", str(draft_gguf), "--host", "127.0.0.1",
-            "--spec-type", spec_type, "--spec-draft-n-max", str(gamma), "--spec-draft-p-min", "0", "--metrics"]
+            "--spec-type", spec_type, "--spec-draft-n-max", str(gamma), "--spec-draft-p-min", f"{p_min:g}",
+            "--metrics"]
 
 
 def write_serving_files(directory: Path, flags: dict, warning: str | None = None,
-                        llama_cpp_warning: str | None = None) -> None:
+                        engine_warnings: dict[str, str] | None = None) -> None:
     """vllm.json (the --speculative-config value) and one executable launch script per engine; a warning
     (the draft measured slower than the target alone) heads every script and lands in NOT_WORTH_SERVING;
-    llama_cpp_warning (llama.cpp's own step costs predict no gain) heads llama_cpp.sh.
+    engine_warnings (engine -> why that engine's drafting rule and step costs predict no gain) head its own.
 
     A script passes its own arguments on to the engine (`llama_cpp.sh --port 8081`); llama_cpp.sh runs
     $LLAMA_SERVER when set (the serving extra installs the binary inside its package, not on PATH)."""
     directory.mkdir(parents=True, exist_ok=True)
     if "vllm_speculative_config" in flags:
         (directory / "vllm.json").write_text(json.dumps(flags["vllm_speculative_config"], indent=2) + "\n")
-    header = f"# WARNING: {warning}\n" if warning else ""
     for engine in ("vllm", "sglang", "llama_cpp"):
         if engine in flags:
             script = directory / f"{engine}.sh"
-            if engine == "llama_cpp" and llama_cpp_warning:
-                header += f"# WARNING: {llama_cpp_warning}\n"
+            header = "".join(f"# WARNING: {line}\n" for line in (warning, (engine_warnings or {}).get(engine)) if line)
             command = shlex.join(flags[engine])
             if engine == "llama_cpp":
                 command = '"${LLAMA_SERVER:-llama-server}"' + command.removeprefix("llama-server")

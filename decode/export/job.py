@@ -11,7 +11,7 @@ from decode.config import DecodeConfig, ExportConfig
 from decode.export.engines import ServingTarget
 from decode.export.formats import check_tokenizer
 from decode.models import ModelSpec
-from decode.records import EngineCheck
+from decode.records import AcceptanceFigures, EngineCheck, EngineFigures
 
 
 @dataclass
@@ -25,10 +25,21 @@ class ExportJob:
     destination: Path
     target: ServingTarget
     target_gguf: Path | None
-    gamma: int  # what the engines are told to draft
+    gamma: int  # what vLLM and SGLang are told to draft
     verify_ids: list[list[int]]  # the round trip's and the engine check's prompts
     max_new_tokens: int
-    token_acceptance: float | None  # the eval's of the draft alone, for llama.cpp's gamma
+    engine_acceptance: AcceptanceFigures | None  # the eval's of the draft alone, for llama.cpp's gamma and p_min
+    engines: dict[str, EngineFigures]  # the eval's per engine (empty without an eval)
+
+    def llama_cpp_settings(self, engine: EngineCheck | None) -> tuple[int, float]:
+        """(gamma, --spec-draft-p-min) for llama.cpp: from its own step costs where the engine check measured them,
+        else from the eval's (the decoder's step costs), else the configured gamma without a cut-off."""
+        if engine is not None and engine.has_step_costs:
+            return engine.gamma, engine.p_min or 0.0
+        figures = self.engines.get("llama_cpp")
+        if figures is not None and figures.gamma is not None:
+            return figures.gamma, figures.p_min or 0.0
+        return self.gamma, 0.0
 
 
 @dataclass

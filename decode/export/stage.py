@@ -32,7 +32,7 @@ from decode.config import DecodeConfig, ExportConfig
 from decode.context import RunContext
 from decode.errors import ExportError
 from decode.export.card import model_card
-from decode.export.engine_check import engine_warning
+from decode.export.engine_check import engine_warnings
 from decode.export.engines import ServingTarget, write_serving_files
 from decode.export.job import ExportJob
 from decode.export.record import RECORD_FILE, ExportRecord
@@ -66,15 +66,16 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
     target_gguf = gguf_path(ctx.target_spec)
     job = ExportJob(ctx, settings, decode, draft_spec, destination,
                     ServingTarget(_serving_target_path(ctx.target_spec), str(target_gguf) if target_gguf else None),
-                    target_gguf, gamma=(evaluated.engine_gamma if evaluated else None) or decode.gamma,
+                    target_gguf, gamma=(evaluated.engine_gamma("vllm") if evaluated else None) or decode.gamma,
                     verify_ids=verify_prompt_ids[: settings.verify_prompts], max_new_tokens=verify_max_new_tokens,
-                    token_acceptance=evaluated.engine_token_acceptance if evaluated else None)
+                    engine_acceptance=evaluated.engine_acceptance if evaluated else None,
+                    engines=evaluated.engines if evaluated else {})
     kind = kind_for(draft_spec)
     with published(destination, directory=True) as staging:
         written = kind.export(job, staging)
         engine = written.engine
         warning = evaluated.verdict if evaluated else None
-        write_serving_files(staging / "serving", written.flags, warning, engine_warning(engine) if engine else None)
+        write_serving_files(staging / "serving", written.flags, warning, engine_warnings(job.engines, engine))
         checks = {**written.checks, **({ENGINE_CHECK: engine.to_json()} if engine else {})}
         result = ExportResult(draft_fingerprint=draft_fingerprint, export_path=str(destination), gamma=job.gamma,
                               evaluated=evaluated is not None, flags=written.flags, round_trip=checks)

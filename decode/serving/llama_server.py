@@ -86,6 +86,7 @@ class Completion:
     predicted_n: int
     predicted_ms: float            # generation time, prompt processing excluded
     stop_type: str
+    text: str = ""
 
 
 def find_binary(configured: Optional[str] = None) -> str:
@@ -229,7 +230,7 @@ class LlamaServer:
                           accepted=int(timings.get("draft_n_accepted", 0)),
                           predicted_n=int(timings.get("predicted_n", 0)),
                           predicted_ms=float(timings.get("predicted_ms", 0.0)),
-                          stop_type=str(reply.get("stop_type", "")))
+                          stop_type=str(reply.get("stop_type", "")), text=str(reply.get("content", "")))
 
     def metrics_text(self) -> str:
         return self._request("/metrics", timeout_s=10).decode()

@@ -1,30 +1,40 @@
 """python -m eval.harness.serving_bench serving.drafts=[DRAFT,...] [serving.domains=[code,translation]] [key=value ...]
+python -m eval.harness.serving_bench serving.url=URL [serving.target_url=URL] pair.draft.path=DRAFT [key=value ...]
 
-The drafts served by llama-server next to the target, side by side in one run: for each domain's held-out
-prompts, the target alone, the untrained draft (pair.draft.derive_layers of the target) and each given draft.
-Per draft and domain: tokens/s (generation, from the server's timings), acceptance = accepted/drafted from the
-server's own /metrics counters, the speedup over the target alone, and the speedup predicted from that
-acceptance and the engine's step costs (llama-bench: c for the draft, v for a gamma+1 verify batch; and in
-server, with the server's own time per token measured target alone, see decode/serving/engine_costs.py). With
-serving.decoder_check, the project's own decoder decodes the same prompts with each draft (same tokens in, same
-gamma) and its acceptance is printed beside the server's.
+Drafts served next to the target, side by side in one run, on each domain's held-out prompts, at each of
+serving.temperatures (greedy, and the eval's 0.7 with top-p serving.top_p), one request at a time. Either this
+command starts llama-server itself, for the target alone, the untrained draft (pair.draft.derive_layers of the
+target) and each given draft; or it measures servers already running behind an OpenAI-compatible API:
+serving.url (the target with a draft: vLLM, SGLang, llama-server) and serving.target_url (the same target alone).
+
+Per draft, domain and temperature: tokens/s (llama-server started here: generation, from the server's timings;
+by URL: wall time per request), the speedup over the target alone, and from the server's own /metrics counters
+alpha = accepted/drafted and per-token acceptance = accepted/tested (tested = accepted + the rounds that did not
+accept every drafted token, from the per-position counter), each with a 95% interval over requests. With
+serving.decoder_check, the project's decoder decodes the same prompts with the same draft, sampling and gamma, and
+the acceptance it predicts for the engine's drafting rule (greedy drafts, decode/engine_rules.py) is printed
+beside the server's, with whether their intervals meet. For llama-server started here, llama-bench's step costs
+give the predicted speedup (c for the draft, v for a gamma+1 verify batch; and in server, with the server's own
+time per token measured target alone, see decode/serving/engine_costs.py).
 
 A draft is a trained draft directory, an export directory (its draft.gguf is served as exported) or a .gguf file.
 A draft kept on a pruned vocabulary (config.draft_vocab) is served two ways, to measure what an engine should get:
 `zero-rows` (the other tokens' output rows zero: logit 0, as exported) and `trained-rows` (the tied head as
-trained, no pruning). Greedy by default (serving.temperature=0), so the server's output must not depend on the
-draft: every draft's tokens are checked against the target alone's. Writes serving_bench.json and
-serving_bench.md to serving.output_dir; the last line printed is that directory.
+trained, no pruning). At temperature 0 the server's output must not depend on the draft: every draft's text is
+checked against the target alone's. Writes serving_bench.json and serving_bench.md to serving.output_dir; the
+last line printed is that directory.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
 import hydra
+import numpy as np
 import torch
 from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
@@ -33,7 +43,8 @@ from tqdm.auto import tqdm
 
 from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.config import PairConfig
-from decode.cost_model import DEFAULT_GAMMA
+from decode.cost_model import DEFAULT_GAMMA, expected_alpha
+from decode.engine_rules import ENGINE_RULES
 from decode.errors import ConfigError
 from decode.files import write_json, write_text
 from decode.models import ModelSpec, derive_draft, gguf_path, load_model
@@ -45,7 +56,10 @@ from decode.export.formats import serving_copy
 from decode.export.gguf import OUTTYPES, write_gguf
 from decode.speculative import GammaPolicy
 from decode.serving.llama_server import Completion, LlamaServer, ServerSpec, find_binary
+from decode.serving.openai_server import OpenAIServer
 from distill.domains import domain_config
+from eval.acceptance import figures as decode_figures
+from eval.bootstrap import BOOTSTRAP_SAMPLES, bootstrap_interval, ratio_of_sums
 from eval.config import ReportConfig
 from eval.monitor.sources import Problems, counter_readings, parse_exposition
 from eval.report import prompts_by_domain
@@ -61,14 +75,19 @@ class ServingBenchConfig:
     domains: List[str] = field(default_factory=list)  # []: every shipped domain
     max_prompts: int = 8  # held-out prompts per domain
     max_new_tokens: int = 64
-    temperature: float = 0.0  # greedy: the server's output is then the same with any draft
-    gamma: int = DEFAULT_GAMMA  # --spec-draft-n-max
+    # 0: greedy, the server's output is then the same with any draft; 0.7: the eval's sampling
+    temperatures: List[float] = field(default_factory=lambda: [0.0, 0.7])
+    top_p: float = 0.9  # above temperature 0, as decode's default
+    gamma: int = DEFAULT_GAMMA  # --spec-draft-n-max; the decoder check's gamma
     threads: int = 2
     gguf_type: str = "q8_0"  # of the drafts (and of a target that has no GGUF) written for the engine
     untrained: bool = True  # also serve the draft the training starts from
     decoder_check: bool = True  # also decode the prompts with the project's decoder, for its acceptance
     binary: Optional[str] = None  # llama-server; None: the serving extra's, else PATH
     output_dir: Optional[str] = None  # None: Hydra's run directory, outputs/serving_bench/<time>
+    url: Optional[str] = None  # a running OpenAI-compatible server with the draft: measured instead of llama-server
+    target_url: Optional[str] = None  # the same target served alone (with url), for the speedup
+    model: Optional[str] = None  # the model name the servers at url / target_url expect in a request
 
 
 @dataclass
@@ -92,8 +111,13 @@ def validate(settings: ServingBenchConfig) -> None:
     for name in ("max_prompts", "max_new_tokens", "gamma", "threads"):
         if getattr(settings, name) < 1:
             raise ConfigError(f"serving.{name} must be >= 1, got {getattr(settings, name)}")
-    if not settings.drafts and not settings.untrained:
-        raise ConfigError("nothing to serve: give serving.drafts=[PATH,...] or keep serving.untrained=true")
+    if not settings.temperatures or min(settings.temperatures) < 0:
+        raise ConfigError(f"serving.temperatures must be a list of temperatures >= 0, got {settings.temperatures}")
+    if settings.target_url and not settings.url:
+        raise ConfigError("serving.target_url is the target alone beside serving.url: give serving.url too")
+    if not settings.url and not settings.drafts and not settings.untrained:
+        raise ConfigError("nothing to serve: give serving.drafts=[PATH,...] or serving.url=URL, or keep "
+                          "serving.untrained=true")
     for path in settings.drafts:
         if not Path(path).exists():
             raise ConfigError(f"serving.drafts: {path} does not exist (a draft directory, export directory or .gguf)")
@@ -139,45 +163,87 @@ def served_drafts(pair: ModelPair, settings: ServingBenchConfig, tokenizer_gguf:
 
 
 def spec_counters(text: str) -> dict[str, float]:
-    """llama-server's drafted, accepted and rounds (drafts) counters from one /metrics scrape."""
+    """The speculative-decoding counters of one /metrics scrape (llama-server's or vLLM's): drafted, accepted,
+    rounds (drafts) and full_rounds, the rounds that accepted their last draft position (NaN where a series that
+    drafted has no per-position counts; before any draft a server may not show them yet)."""
     samples = parse_exposition(text)
-    readings = counter_readings(samples, 0.0, "llama-server", Problems())
-    drafted = sum(reading.drafted for reading in readings.values())
-    accepted = sum(reading.accepted for reading in readings.values())
+    readings = counter_readings(samples, 0.0, "server", Problems()).values()
     rounds = sum(sample.value for sample in samples
-                 if sample.name.removesuffix("_total") == "llamacpp:spec_decode_num_drafts")
-    return {"drafted": drafted, "accepted": accepted, "rounds": rounds}
+                 if sample.name.removesuffix("_total") in ("llamacpp:spec_decode_num_drafts",
+                                                           "vllm:spec_decode_num_drafts"))
+    counted = all(reading.accepted_per_position or not reading.drafted for reading in readings)
+    full_rounds = sum(reading.accepted_per_position[-1] for reading in readings if reading.accepted_per_position)
+    return {"drafted": sum(reading.drafted for reading in readings),
+            "accepted": sum(reading.accepted for reading in readings), "rounds": rounds,
+            "full_rounds": full_rounds if counted else math.nan}
 
 
-def serve_domain(server: LlamaServer, prompt_ids: list[list[int]], settings: ServingBenchConfig, seed: int,
-                 description: str) -> tuple[dict, list[list[int]]]:
-    """Every prompt through the server, one request at a time -> (figures, generated tokens per prompt)."""
-    before = spec_counters(server.metrics_text())
+def sampling_name(sampling: SamplingParams) -> str:
+    return "temperature 0" if sampling.greedy else f"temperature {sampling.temperature:g}, top-p {sampling.top_p:g}"
+
+
+def serve_domain(server, prompt_ids: list[list[int]], settings: ServingBenchConfig, sampling: SamplingParams,
+                 seed: int, description: str) -> tuple[dict, list[str]]:
+    """Every prompt through the server (LlamaServer or OpenAIServer), one request at a time, its counters read
+    around each -> (figures, the text of each reply)."""
     completions: list[Completion] = []
+    counts = []  # per request: drafted, accepted, tested (accepted + rounds that rejected a drafted token), rounds
     for index, prompt in enumerate(tqdm(prompt_ids, desc=description, unit="request")):
-        completions.append(server.complete(prompt, settings.max_new_tokens, temperature=settings.temperature,
-                                           seed=seed + index))
-    after = spec_counters(server.metrics_text())
-    counts = {key: after[key] - before[key] for key in after}
+        before = server.metrics_text()
+        completions.append(server.complete(prompt, settings.max_new_tokens, temperature=sampling.temperature,
+                                           top_p=sampling.top_p, seed=seed + index, as_decode_samples=True))
+        after = server.metrics_text()
+        if before is not None and after is not None:
+            start, end = spec_counters(before), spec_counters(after)
+            delta = {key: end[key] - start[key] for key in end}
+            counts.append([delta["drafted"], delta["accepted"],
+                           delta["accepted"] + delta["rounds"] - delta["full_rounds"], delta["rounds"]])
     tokens = sum(completion.predicted_n for completion in completions)
     seconds = sum(completion.predicted_ms for completion in completions) / 1000
-    figures = {"requests": len(completions), "tokens": tokens, "seconds": seconds,
-               "tokens_per_s": tokens / seconds if seconds else float("nan"), **counts,
-               "alpha": counts["accepted"] / counts["drafted"] if counts["drafted"] else float("nan"),
-               "alpha_from_timings": (sum(c.accepted for c in completions) / sum(c.drafted for c in completions)
-                                      if any(c.drafted for c in completions) else float("nan"))}
-    return figures, [completion.tokens for completion in completions]
+    result = {"requests": len(completions), "tokens": tokens, "seconds": seconds,
+              "tokens_per_s": tokens / seconds if seconds else float("nan")}
+    if counts:
+        result.update(server_acceptance(np.array(counts, dtype=float)))
+    return result, [completion.text for completion in completions]
 
 
-def decoder_alpha(pair: ModelPair, model: torch.nn.Module, prompt_ids: list[list[int]],
-                  settings: ServingBenchConfig, seed: int) -> float:
-    """The project's decoder on the same prompts, same sampling and gamma."""
+def server_acceptance(counts: np.ndarray) -> dict:
+    """alpha and per-token acceptance from per-request counts [requests, (drafted, accepted, tested, rounds)], with
+    95% intervals over requests."""
+    drafted, accepted, tested, rounds = counts.sum(0)
+    figures = {"drafted": drafted, "accepted": accepted, "rounds": rounds,
+               "alpha": accepted / drafted if drafted else float("nan"),
+               "alpha_interval": bootstrap_interval(counts[:, [1, 0]], ratio_of_sums, BOOTSTRAP_SAMPLES, 0)}
+    if math.isfinite(tested):
+        figures.update(token_acceptance=accepted / tested if tested else float("nan"),
+                       token_acceptance_interval=bootstrap_interval(counts[:, [1, 2]], ratio_of_sums,
+                                                                    BOOTSTRAP_SAMPLES, 0))
+    return figures
+
+
+def decoder_prediction(pair: ModelPair, model: torch.nn.Module, prompt_ids: list[list[int]],
+                       settings: ServingBenchConfig, sampling: SamplingParams, seed: int) -> dict:
+    """The project's decoder on the same prompts, sampling and gamma: the acceptance the engines' drafting rule
+    (greedy drafts) has there, per token and as alpha at gamma (every round drafting gamma), with 95% intervals
+    over prompts, and the decoder's own alpha."""
     decoder = pair.decoder(model)
-    sampling = SamplingParams(temperature=settings.temperature)
     metrics = [decoder.generate([prompt], settings.max_new_tokens, sampling, GammaPolicy(gamma=settings.gamma),
                                 seed=seed + index).metrics for index, prompt in enumerate(prompt_ids)]
-    drafted, accepted = sum(m.drafted for m in metrics), sum(m.accepted for m in metrics)
-    return accepted / drafted if drafted else float("nan")
+    measured = decode_figures(metrics, [], settings.gamma, None)
+    rule = measured.rules[ENGINE_RULES["llama_cpp"]]
+    interval = rule.token_acceptance_interval
+    return {"decoder_alpha": measured.alpha, "predicted_token_acceptance": rule.token_acceptance,
+            "predicted_token_acceptance_interval": interval,
+            "predicted_alpha": expected_alpha(rule.token_acceptance, settings.gamma),
+            "predicted_alpha_interval": interval and [expected_alpha(bound, settings.gamma) for bound in interval]}
+
+
+def agreement(figures: dict) -> None:
+    """Whether the server's alpha and per-token acceptance meet the decoder's prediction: intervals that overlap."""
+    for name in ("alpha", "token_acceptance"):
+        served, predicted = figures.get(f"{name}_interval"), figures.get(f"predicted_{name}_interval")
+        if served and predicted:
+            figures[f"{name}_agrees"] = served[0] <= predicted[1] and predicted[0] <= served[1]
 
 
 def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchConfig, output_dir: Path,
@@ -185,6 +251,17 @@ def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchCo
     prompts = prompts_by_domain(ReportConfig(domains=settings.domains, max_prompts=settings.max_prompts))
     prompt_ids = {domain: pair.encode_chat(texts, domain_config(domain).system_prompt)
                   for domain, texts in prompts.items()}
+    samplings = [SamplingParams(temperature=t, top_p=settings.top_p if t else 1.0) for t in settings.temperatures]
+    bench = Bench(pair, settings, prompt_ids, samplings, seed)
+    report_settings = {key: getattr(settings, key) for key in ("max_prompts", "max_new_tokens", "temperatures",
+                                                               "top_p", "gamma", "threads", "gguf_type")}
+    if settings.url:  # servers already running: their draft is the pair's, for the decoder's prediction
+        if settings.target_url:
+            bench.measure(NO_DRAFT, OpenAIServer(settings.target_url, settings.model), None)
+        bench.measure(settings.url, OpenAIServer(settings.url, settings.model), pair.draft)
+        bench.add_speedups()
+        return {"url": settings.url, "target_url": settings.target_url, "settings": report_settings,
+                "engine_costs": {}, "results": bench.results}
     binary = find_binary(settings.binary)
     gguf_dir = output_dir / "gguf"
     target = target_gguf(pair, pair_config.target, gguf_dir, settings.gguf_type)
@@ -194,63 +271,101 @@ def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchCo
     costs = {draft.label: measure_engine_costs(binary, target, draft.gguf, settings.threads,
                                                max_gamma=settings.gamma)
              for draft in drafts if draft.gguf and kind_of(draft.model).gguf_runs_alone}
-    results: dict[str, dict[str, dict]] = {}
-    reference_tokens: dict[str, list[list[int]]] = {}
-    decoder_alphas: dict[tuple[int, str], float] = {}  # one decode per model and domain (two GGUFs may share one)
     for draft in drafts:
         spec = ServerSpec(target, draft.gguf, gamma=settings.gamma, threads=settings.threads, binary=binary)
         name = "none" if draft.gguf is None else Path(draft.gguf).stem
         with LlamaServer(spec, output_dir / "logs" / f"{name}.log") as server:
-            for domain, ids in prompt_ids.items():
-                figures, tokens = serve_domain(server, ids, settings, seed, f"{draft.label} / {domain}")
-                if draft.gguf is None:
-                    reference_tokens[domain] = tokens
-                else:
-                    figures["same_tokens_as_target_alone"] = tokens == reference_tokens[domain]
-                    cost, counts = costs.get(draft.label), (figures["drafted"], figures["accepted"], figures["rounds"])
-                    if cost is not None:
-                        figures["predicted_speedup"] = cost.predicted_speedup(*counts, settings.gamma)
-                        target_alone = results[NO_DRAFT][domain]
-                        figures["predicted_speedup_in_server"] = cost.predicted_speedup_in_server(
-                            *counts, settings.gamma, target_alone["seconds"] / target_alone["tokens"])
-                    if settings.decoder_check:
-                        key = (id(draft.model), domain)
-                        if key not in decoder_alphas:
-                            decoder_alphas[key] = decoder_alpha(pair, draft.model, ids, settings, seed)
-                        figures["decoder_alpha"] = decoder_alphas[key]
-                results.setdefault(draft.label, {})[domain] = figures
-    for label, by_domain in results.items():
-        for domain, figures in by_domain.items():
-            figures["speedup"] = figures["tokens_per_s"] / results[NO_DRAFT][domain]["tokens_per_s"]
+            bench.measure(draft.label, server, draft.model)
+    bench.add_speedups()
+    for label, cost in costs.items():
+        for domain, by_sampling in bench.results[label].items():
+            for sampling, figures in by_sampling.items():
+                counts = (figures["drafted"], figures["accepted"], figures["rounds"])
+                figures["predicted_speedup"] = cost.predicted_speedup(*counts, settings.gamma)
+                target_alone = bench.results[NO_DRAFT][domain][sampling]
+                figures["predicted_speedup_in_server"] = cost.predicted_speedup_in_server(
+                    *counts, settings.gamma, target_alone["seconds"] / target_alone["tokens"])
     return {"target_gguf": target, "drafts": {d.label: d.gguf for d in drafts}, "binary": binary,
-            "settings": {key: getattr(settings, key) for key in ("max_prompts", "max_new_tokens", "temperature",
-                                                                 "gamma", "threads", "gguf_type")},
-            "engine_costs": {label: cost.to_dict() for label, cost in costs.items()}, "results": results}
+            "settings": report_settings, "engine_costs": {label: cost.to_dict() for label, cost in costs.items()},
+            "results": bench.results}
+
+
+class Bench:
+    """The measurements of one run: results[label][domain][sampling name] -> figures."""
+
+    def __init__(self, pair: ModelPair, settings: ServingBenchConfig, prompt_ids: dict[str, list[list[int]]],
+                 samplings: list[SamplingParams], seed: int):
+        self.pair, self.settings, self.prompt_ids, self.samplings, self.seed = pair, settings, prompt_ids, samplings, seed
+        self.results: dict[str, dict[str, dict[str, dict]]] = {}
+        self.reference_texts: dict[tuple[str, str], list[str]] = {}  # the target alone's, greedy
+        self.predictions: dict[tuple, dict] = {}  # one decode per model, domain and sampling (GGUFs may share one)
+
+    def measure(self, label: str, server, model: Optional[torch.nn.Module]) -> None:
+        """Every domain at every sampling through `server`; model: the draft it serves (None: the target alone)."""
+        for domain, ids in self.prompt_ids.items():
+            for sampling in self.samplings:
+                name = sampling_name(sampling)
+                figures, texts = serve_domain(server, ids, self.settings, sampling, self.seed,
+                                              f"{label} / {domain} / {name}")
+                if model is None:
+                    self.reference_texts[domain, name] = texts
+                elif sampling.greedy and (domain, name) in self.reference_texts:
+                    figures["same_text_as_target_alone"] = texts == self.reference_texts[domain, name]
+                if model is not None and self.settings.decoder_check:
+                    key = (id(model), domain, name)
+                    if key not in self.predictions:
+                        self.predictions[key] = decoder_prediction(self.pair, model, ids, self.settings, sampling,
+                                                                   self.seed)
+                    figures.update(self.predictions[key])
+                    agreement(figures)
+                self.results.setdefault(label, {}).setdefault(domain, {})[name] = figures
+
+    def add_speedups(self) -> None:
+        """Each draft's tokens/s over the target alone's, where the target alone was measured."""
+        alone = self.results.get(NO_DRAFT)
+        if alone is None:
+            return
+        for by_domain in self.results.values():
+            for domain, by_sampling in by_domain.items():
+                for name, figures in by_sampling.items():
+                    figures["speedup"] = figures["tokens_per_s"] / alone[domain][name]["tokens_per_s"]
 
 
 def format_markdown(report: dict) -> str:
-    lines = [f"llama-server, gamma {report['settings']['gamma']}, {report['settings']['threads']} threads, "
-             f"temperature {report['settings']['temperature']}, {report['settings']['max_prompts']} prompts x "
-             f"{report['settings']['max_new_tokens']} tokens per domain", ""]
-    gamma = report["settings"]["gamma"]
+    settings = report["settings"]
+    served_by = report.get("url") and f"{report['url']} (target alone: {report.get('target_url') or 'not measured'})"
+    lines = [f"{served_by or 'llama-server'}, gamma {settings['gamma']}, {settings['max_prompts']} prompts x "
+             f"{settings['max_new_tokens']} tokens per domain, one request at a time", ""]
+    gamma = settings["gamma"]
     for label, cost in report["engine_costs"].items():
         lines.append(f"- {label}: c = {cost['c']:.3f}, v({gamma}) = {cost['v'][str(gamma)]:.3f} (llama-bench: target "
                      f"{cost['target_tokens_per_s']:.1f} tok/s, draft {cost['draft_tokens_per_s']:.1f} tok/s)")
-    lines += ["", "predicted: from llama-bench's bare forwards; in server: with the server's own time per token, "
-                  "target alone", "",
-              "| draft | domain | tok/s | speedup | predicted | predicted in server | alpha (server) | "
-              "alpha (decoder) | same tokens |", "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "predicted speedup: from llama-bench's bare forwards; in server: with the server's own time per "
+                  "token, target alone. Acceptance: the server's counters [95% interval over requests] against the "
+                  "decoder's prediction for greedy drafts [over prompts]; agrees: the intervals meet.", "",
+              "| draft | domain | sampling | tok/s | speedup | predicted | predicted in server | "
+              "per-token acceptance (server) | predicted | alpha (server) | predicted | agrees | same text |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for label, by_domain in report["results"].items():
-        for domain, f in by_domain.items():
-            lines.append(f"| {label} | {domain} | {f['tokens_per_s']:.1f} | {f['speedup']:.2f}x | "
-                         f"{_figure(f.get('predicted_speedup'), 'x')} | "
-                         f"{_figure(f.get('predicted_speedup_in_server'), 'x')} | {_figure(f.get('alpha'))} | "
-                         f"{_figure(f.get('decoder_alpha'))} | {f.get('same_tokens_as_target_alone', '-')} |")
+        for domain, by_sampling in by_domain.items():
+            for sampling, f in by_sampling.items():
+                agrees = [f[key] for key in ("token_acceptance_agrees", "alpha_agrees") if key in f]
+                lines.append(
+                    f"| {label} | {domain} | {sampling} | {f['tokens_per_s']:.1f} | {_figure(f.get('speedup'), 'x')} | "
+                    f"{_figure(f.get('predicted_speedup'), 'x')} | {_figure(f.get('predicted_speedup_in_server'), 'x')} | "
+                    f"{_with_interval(f, 'token_acceptance')} | {_with_interval(f, 'predicted_token_acceptance')} | "
+                    f"{_with_interval(f, 'alpha')} | {_with_interval(f, 'predicted_alpha')} | "
+                    f"{all(agrees) if agrees else '-'} | {f.get('same_text_as_target_alone', '-')} |")
     return "\n".join(lines) + "\n"
 
 
 def _figure(value, suffix: str = "") -> str:
     return "-" if value is None or value != value else f"{value:.3f}{suffix}"
+
+
+def _with_interval(figures: dict, name: str) -> str:
+    interval = figures.get(f"{name}_interval")
+    return _figure(figures.get(name)) + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
 
 
 register_help("serving_bench", __doc__)

@@ -264,7 +264,8 @@ def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
             engine = eagle3_engine_check(spec, job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log")
     flags = serving_flags(job.target, job.destination / "draft",
                           job.destination / "sglang" if sglang_dir else None,
-                          job.destination / "draft.gguf" if gguf_path else None, job.gamma)
+                          job.destination / "draft.gguf" if gguf_path else None, job.gamma,
+                          *job.llama_cpp_settings(engine))
     files = {"vllm": "draft", **({"sglang": "sglang"} if sglang_dir else {}),
              **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
     return WrittenDraft(flags, checks, {"draft_kind": "eagle3", "draft_vocab_size": head.config.draft_vocab_size,
@@ -283,15 +284,17 @@ def eagle3_record(head: Eagle3Head, target_layers: int, sglang_skipped: str | No
 
 
 def serving_flags(target: ServingTarget, speculators_dir: Path, sglang_dir: Path | None,
-                  draft_gguf: Path | None, gamma: int) -> dict:
+                  draft_gguf: Path | None, gamma: int, llama_cpp_gamma: int | None = None,
+                  llama_cpp_p_min: float = 0.0) -> dict:
     """The engines' speculative-decoding settings for an EAGLE-3 head: vLLM reads the speculators directory, SGLang
-    its own (None: SGLang cannot serve the head), llama.cpp the GGUF."""
+    its own (None: SGLang cannot serve the head), llama.cpp the GGUF (at llama_cpp_gamma, None: gamma)."""
     vllm_config = {"method": "eagle3", "model": str(speculators_dir), "num_speculative_tokens": gamma}
     flags = {"vllm_speculative_config": vllm_config, "vllm": vllm_args(target, vllm_config)}
     if sglang_dir is not None:
         flags["sglang"] = sglang_args(target, "EAGLE3", sglang_dir, gamma)
     if draft_gguf is not None:
-        flags["llama_cpp"] = llama_cpp_args(target, draft_gguf, EAGLE3_SPEC_TYPE, gamma)
+        flags["llama_cpp"] = llama_cpp_args(target, draft_gguf, EAGLE3_SPEC_TYPE, llama_cpp_gamma or gamma,
+                                            llama_cpp_p_min)
     return flags
 
 

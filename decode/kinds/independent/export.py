@@ -36,9 +36,10 @@ def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
         if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
             engine = engine_check(ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma),
                                   job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log",
-                                  job.token_acceptance)
+                                  job.engine_acceptance)
+    llama_cpp_gamma, llama_cpp_p_min = job.llama_cpp_settings(engine)
     flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
-                          job.gamma, engine.gamma if engine else None)
+                          job.gamma, llama_cpp_gamma, llama_cpp_p_min)
     kept = getattr(draft.config, "draft_vocab", None)
     files = {"vllm": "draft", "sglang": "draft", **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
     return WrittenDraft(flags, checks, {"draft_kind": "causal_lm", "draft_vocab_size": len(kept) if kept else None,
@@ -46,14 +47,15 @@ def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
 
 
 def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int,
-                  llama_cpp_gamma: int | None = None) -> dict:
+                  llama_cpp_gamma: int | None = None, llama_cpp_p_min: float = 0.0) -> dict:
     """The engines' speculative-decoding settings for a draft model of its own, as JSON and argument lists;
-    llama_cpp_gamma: the gamma llama.cpp's own measured step costs call for (None: gamma)."""
+    llama_cpp_gamma and llama_cpp_p_min: what llama.cpp's drafting rule calls for (None: gamma)."""
     vllm_config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": gamma}
     flags = {"vllm_speculative_config": vllm_config, "vllm": vllm_args(target, vllm_config),
              "sglang": sglang_args(target, "STANDALONE", draft_dir, gamma)}
     if draft_gguf is not None:
-        flags["llama_cpp"] = llama_cpp_args(target, draft_gguf, DRAFT_SPEC_TYPE, llama_cpp_gamma or gamma)
+        flags["llama_cpp"] = llama_cpp_args(target, draft_gguf, DRAFT_SPEC_TYPE, llama_cpp_gamma or gamma,
+                                            llama_cpp_p_min)
     return flags
 
 
