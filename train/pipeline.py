@@ -21,6 +21,7 @@ from decode.models import model_fingerprint
 from decode.kinds.registry import KINDS, kind_named
 from decode.pair import load_pair
 from decode.precision import SETTINGS as AUTOCAST_SETTINGS
+from decode.export.card import engine_line
 from decode.records import format_figure, format_interval
 from decode.export.stage import export_destination, run_export
 from distill.conversations import chat_prompt_ids
@@ -297,6 +298,9 @@ def _eval_lines(evaluated: EvalResult) -> list[str]:
                      f"{format_figure(speed.ar_tokens_per_s, '.1f')} tok/s = {speed.speedup:.2f}x"
                      f"{format_interval(speed.speedup_interval, '.2f')} (predicted "
                      f"{format_figure(speed.predicted_speedup, '.2f')}x from c, v and acceptance)")
+    if evaluated.engines:
+        lines.append("per engine, by its drafting rule (docs/serving.md):")
+        lines += [f"  {engine_line(figures)}" for figures in evaluated.engines.values()]
     if evaluated.verdict:
         lines.append(f"NOT RECOMMENDED: {evaluated.verdict}")
     return lines

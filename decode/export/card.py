@@ -120,8 +120,6 @@ def _untrained_on(before: AcceptanceFigures, prompts: int) -> str:
     return "" if before.prompts == prompts else f" (on the first {before.prompts} of them)"
 
 
-
-
 def _engine_lines(engine: EngineCheck | None) -> list[str]:
     if engine is None:
         return []
