@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
 from transformers import AutoModelForCausalLM
 
 from decode.config import DecodeConfig
@@ -17,6 +18,10 @@ from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
 from decode.models import ModelSpec, load_model
 from decode.sampling import SamplingParams
 from decode.serving.llama_server import DRAFT_SPEC_TYPE, ServerSpec
+
+# an exported draft's log-probabilities may differ from the trained one's by float noise only; a wrong or
+# perturbed tensor moves them by whole units
+MAX_LOGPROB_DIFFERENCE = 1e-2
 
 
 def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
@@ -61,7 +66,9 @@ def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | Non
 
 def round_trip(ctx, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path | None,
                decode: DecodeConfig, prompt_ids: list[list[int]], max_new_tokens: int, gguf_type: str) -> dict:
-    """The exported draft(s) reloaded and decoded against the draft as trained: same greedy output, same alpha.
+    """The exported draft(s) reloaded and decoded against the draft as trained: same greedy output, same alpha,
+    and the same next-token log-probabilities (to MAX_LOGPROB_DIFFERENCE) over the decoded sequences: alpha alone
+    cannot tell two drafts apart where both accept nothing.
 
     The GGUF's reference is the trained draft with its weight matrices rounded as the file stores them (f16,
     q8_0): a correct file reads back as exactly that, while a wrong tensor layout would not."""
@@ -69,7 +76,7 @@ def round_trip(ctx, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path |
 
     def decode_with(draft):
         result = ctx.pair.decoder(draft).generate(prompt_ids, max_new_tokens, greedy, policy)
-        return result.tokens, result.metrics.alpha
+        return result.tokens, result.metrics.alpha, draft
 
     reference = {"hf": decode_with(load_model(draft_spec))}
     loaded = {"hf": load_model(ModelSpec(path=str(exported_dir), dtype=draft_spec.dtype, device=draft_spec.device))}
@@ -80,15 +87,32 @@ def round_trip(ctx, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path |
         loaded["gguf"] = reread.to(dtype=next(loaded["hf"].parameters()).dtype, device=draft_spec.device)
     checks = {"prompts": len(prompt_ids), "alpha_trained": reference["hf"][1]}
     for name, draft in loaded.items():
-        tokens, alpha = decode_with(draft)
-        reference_tokens, reference_alpha = reference[name]
+        tokens, alpha, _ = decode_with(draft)
+        reference_tokens, reference_alpha, reference_draft = reference[name]
+        sequences = [prompt + answer for prompt, answer in zip(prompt_ids, reference_tokens)]
+        difference = logprob_difference(draft, reference_draft, sequences)
         checks[f"alpha_{name}"] = alpha
         checks[f"same_greedy_output_{name}"] = tokens == reference_tokens
+        checks[f"max_logprob_difference_{name}"] = difference
         if name == "gguf":
             checks["alpha_gguf_reference"] = reference_alpha  # the trained draft rounded as stored
-        if tokens != reference_tokens or abs(alpha - reference_alpha) > 0.01:
+        if tokens != reference_tokens or abs(alpha - reference_alpha) > 0.01 or difference > MAX_LOGPROB_DIFFERENCE:
             raise ExportMismatch(f"the exported {name} draft decodes differently from the trained one"
                                  f"{' rounded as stored' if name == 'gguf' else ''} (alpha {alpha:.4f} vs "
-                                 f"{reference_alpha:.4f}, same greedy output: {tokens == reference_tokens}); "
+                                 f"{reference_alpha:.4f}, same greedy output: {tokens == reference_tokens}, "
+                                 f"log-probabilities apart by up to {difference:.2g}); "
                                  f"nothing was published, the trained draft is intact in {draft_spec.path}")
     return checks
+
+
+@torch.no_grad()
+def logprob_difference(draft, reference, sequences: list[list[int]]) -> float:
+    """The largest difference of the two models' next-token log-probabilities over the sequences."""
+    kept = getattr(reference.config, "draft_vocab", None)  # a pruned draft: its vocabulary's rows only
+    largest = 0.0
+    for ids in sequences:
+        tokens = torch.tensor([ids], device=next(draft.parameters()).device)
+        logits = [model(tokens).logits[0].float() for model in (draft, reference)]
+        logprobs = [torch.log_softmax(row[:, kept] if kept else row, dim=-1) for row in logits]
+        largest = max(largest, (logprobs[0] - logprobs[1]).abs().max().item())
+    return largest
