@@ -193,7 +193,7 @@ def top_k_labels(runner: CausalLMRunner, sequences: list[list[int]], starts: lis
     """-> per sequence, (top ids, top log-probabilities) of the runner model at the logits that predict each of
     its tokens from starts[i] on (none where starts[i] is its length): one forward per batch of sequences of
     similar length, right-padded (a causal model's logits at a position never see the padding after it)."""
-    labels: list[tuple[list, list]] = [([], [])] * len(sequences)
+    labels: list[tuple[list, list]] = [([], []) for _ in sequences]
     order = [i for i in sorted(range(len(sequences)), key=lambda i: len(sequences[i])) if starts[i] < len(sequences[i])]
     for begin in range(0, len(order), batch_size):
         rows = order[begin: begin + batch_size]
