@@ -49,6 +49,7 @@ class Generated(NamedTuple):
     directory: Path
     cached: bool
     prompt_rate: LabelRate | None = None  # what labelling the prompts' tokens cost (this process's share)
+    served_rate: LabelRate | None = None  # what scoring the served responses cost (this process's share)
 
 
 def cache_key(target_fingerprint: str, domain: str, prompts: list[Prompt], sampling: SamplingParams,
@@ -247,8 +248,12 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
     rank, world = (accelerator.process_index, accelerator.num_processes) if accelerator else (0, 1)
     mine = prompts[rank::world]
     runner = None if served else pair.target_runner()
+    began = time.perf_counter()
     scored, mine = served_responses.scored_records(pair, mine, target_fingerprint, sampling, max_new_tokens,
                                                    system_prompt, top_k_logprobs, precision, batch_size, score_answers)
+    served_rate = LabelRate("the target scores served responses (teacher-forced)", sum(
+        len(record["input_ids"]) - record["prompt_length"] for record in scored), time.perf_counter() - began) \
+        if scored else None
 
     def answer(prompt_ids: list[list[int]], turn: int = 0) -> list[dict]:  # turn: of a conversation
         turn_seed = seed + 7919 * rank + 104_729 * turn
@@ -282,7 +287,7 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
         save_dataset_atomically(datasets.Dataset.from_list(records), directory)
     if accelerator:
         accelerator.wait_for_everyone()
-    return Generated(datasets.load_from_disk(str(directory)), directory, False, prompt_rate)
+    return Generated(datasets.load_from_disk(str(directory)), directory, False, prompt_rate, served_rate)
 
 
 def save_dataset_atomically(dataset: datasets.Dataset, directory: Path) -> None:

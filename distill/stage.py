@@ -26,6 +26,7 @@ from distill.generate import (BOUND_SEQUENCES, cache_key, dataset_directory, gen
 from distill.throughput import LabelRate
 from distill.magpie import with_target_written_prompts
 from distill.served_answers import answer_source, answering_server
+from distill.served_responses import SERVED
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +74,13 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                 if prompt_labels:
                     labelling = labelling or labelling_precision(ctx.pair.target_runner(), settings.autocast)
                 began = time.perf_counter()
-                dataset, directory, _, prompt_rate = generate_dataset(
+                dataset, directory, _, prompt_rate, served_rate = generate_dataset(
                     ctx.pair, split_prompts, name, fingerprint, sampling, settings.max_new_tokens,
                     settings.batch_size, ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator,
                     precision or FLOAT32, served, labelling if prompt_labels else None)
                 if split == "train":
                     rates = _label_rates(ctx, settings, dataset, time.perf_counter() - began, source, labelling,
-                                         prompt_rate)
+                                         prompt_rate, served_rate)
             elif create:
                 log.info("reusing the target's answers from %s", directory)
             if dataset is None:
@@ -93,18 +94,20 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
 
 
 def _label_rates(ctx: RunContext, settings: GenerateConfig, answers: datasets.Dataset, seconds: float,
-                 source: str, labelling: Precision | None, prompt_rate: LabelRate | None) -> list[dict]:
+                 source: str, labelling: Precision | None, prompt_rate: LabelRate | None,
+                 served_rate: LabelRate | None) -> list[dict]:
     """Target-labelled tokens per CPU-minute of the answers just made, logged beside the bound: the same tokens
-    labelled by one teacher-forced forward of the target here (distill/throughput.py); then those of the prompts'
-    tokens, where they were labelled too."""
-    made = LabelRate(f"the target answers ({source})", sum(len(ids) - length for ids, length in
-                                                           zip(answers["input_ids"], answers["prompt_length"])),
-                     seconds - (prompt_rate.seconds if prompt_rate else 0.0))
+    labelled by one teacher-forced forward of the target here (distill/throughput.py); then those of the served
+    responses scored instead of answered, and of the prompts' tokens, where there were any."""
+    answered = [ids_and_length for ids_and_length, origin in zip(
+        zip(answers["input_ids"], answers["prompt_length"]), answers["source"]) if origin != SERVED]
+    others = [rate for rate in (served_rate, prompt_rate) if rate is not None]
+    made = LabelRate(f"the target answers ({source})", sum(len(ids) - length for ids, length in answered),
+                     seconds - sum(rate.seconds for rate in others))
     runner = ctx.pair.target_runner()
     bound = labelling_bound(runner, answers.select(range(min(BOUND_SEQUENCES, len(answers)))).to_list(),
                             settings.top_k_logprobs, labelling or labelling_precision(runner, settings.autocast))
     log.info("%s", made.line(bound))
-    if prompt_rate is None:
-        return [made.summary(), bound.summary()]
-    log.info("%s", prompt_rate.line())
-    return [made.summary(), bound.summary(), prompt_rate.summary()]
+    for rate in others:
+        log.info("%s", rate.line())
+    return [made.summary(), bound.summary(), *(rate.summary() for rate in others)]

@@ -148,7 +148,7 @@ def occurrences(ids: list[int], part: list[int]) -> list[range]:
 def test_every_assistant_turn_is_regenerated_in_context_and_only_its_tokens_carry_loss(tiny_pair):
     tokenizer = tiny_pair.tokenizer
     conversation = three_turns()
-    records, directory, _, _ = generate_dataset(tiny_pair, [conversation], "conversation-unit", "tiny-random-v1",
+    records, directory, _, *_ = generate_dataset(tiny_pair, [conversation], "conversation-unit", "tiny-random-v1",
                                              SamplingParams(temperature=1.0), 8, 4, 0, None, 4)
     assert [(r["id"], r["turn"], r["prompt"]) for r in records] == [
         ("c#000", 0, "USER-ONE"), ("c#001", 1, "USER-TWO"), ("c#002", 2, "USER-THREE")]
@@ -170,14 +170,14 @@ def test_every_assistant_turn_is_regenerated_in_context_and_only_its_tokens_carr
         for text in ("SYSTEM-TEXT", "USER-ONE", "USER-TWO", "USER-THREE"):
             for span in occurrences(ids, tokenizer.encode(text, add_special_tokens=False)):
                 assert not predicted & set(span), f"{text} carries loss in turn {turn}"
-    again, _, cached, _ = generate_dataset(tiny_pair, [conversation], "conversation-unit", "tiny-random-v1",
+    again, _, cached, *_ = generate_dataset(tiny_pair, [conversation], "conversation-unit", "tiny-random-v1",
                                         SamplingParams(temperature=1.0), 8, 4, 0, None, 4)
     assert cached and again["input_ids"] == records["input_ids"]
 
 
 def test_an_extra_plain_prompt_next_to_conversations_is_answered_as_one_turn(tiny_pair):
     extra = Prompt("extra-1", "plain request", "train")
-    records, _, _, _ = generate_dataset(tiny_pair, [three_turns(), extra], "conversation-mixed", "tiny-random-v1",
+    records, _, _, *_ = generate_dataset(tiny_pair, [three_turns(), extra], "conversation-mixed", "tiny-random-v1",
                                      SamplingParams(temperature=1.0), 4, 4, 0, "A system prompt.", 4)
     plain = [record for record in records if record["conversation"] == "extra-1"]
     assert len(records) == 4 and len(plain) == 1

@@ -147,7 +147,7 @@ def test_served_responses_of_another_target_or_sampling_are_regenerated_and_the_
                Prompt("c", "gamma", "train", served=served([5, 6], temperature=0.0)),
                Prompt("d", "delta", "train")]
     with caplog.at_level(logging.INFO, logger="distill"):
-        records, _, _, _ = generate_dataset(tiny_pair, prompts, "served-regenerated", TARGET, SAMPLING, 6, 4, 0, None, 4)
+        records, _, _, *_ = generate_dataset(tiny_pair, prompts, "served-regenerated", TARGET, SAMPLING, 6, 4, 0, None, 4)
     assert (f"3 served responses regenerated: 2 from another target (fingerprint other-target, this target {TARGET}), "
             f"1 sampled at temperature 0.0 (generate samples at 0.7)") in caplog.messages
     assert not any("scored by the target" in message for message in caplog.messages)
@@ -166,8 +166,12 @@ def test_matching_served_responses_are_scored_by_the_target_not_generated(tiny_p
                Prompt("b", "beta", "train", served=served(responses["b"], system=system)),
                Prompt("c", "gamma", "train")]
     with caplog.at_level(logging.INFO, logger="distill"):
-        records, _, cached, _ = generate_dataset(tiny_pair, prompts, "served-scored", TARGET, SAMPLING, 6, 4, 0, system, 4)
+        generated = generate_dataset(tiny_pair, prompts, "served-scored", TARGET, SAMPLING, 6, 4, 0, system, 4)
+    records, cached = generated.dataset, generated.cached
     assert not cached
+    # the served responses' labels are a source of their own: 4 + 6 answer tokens, scored not decoded
+    assert generated.served_rate.tokens == 10 and generated.served_rate.seconds > 0
+    assert "served responses" in generated.served_rate.source
     assert "2 served responses scored by the target, not regenerated (1 cut to generate.max_new_tokens=6)" in \
         caplog.messages
     by_id = {record["id"]: record for record in records}
@@ -188,14 +192,14 @@ def test_matching_served_responses_are_scored_by_the_target_not_generated(tiny_p
     other = [replace(prompts[0], served=served([11, 12, 14], system=system))] + prompts[1:]
     assert key != cache_key(TARGET, "d", other, SAMPLING, 6, 0, system, 4)
     answered.clear()
-    again, _, cached, _ = generate_dataset(tiny_pair, prompts, "served-scored", TARGET, SAMPLING, 6, 4, 0, system, 4)
+    again, _, cached, *_ = generate_dataset(tiny_pair, prompts, "served-scored", TARGET, SAMPLING, 6, 4, 0, system, 4)
     assert cached and answered == [] and again["input_ids"] == records["input_ids"]
 
 
 def test_token_ids_outside_the_targets_vocabulary_are_regenerated(tiny_pair, answered, caplog):
     prompts = [Prompt("a", "alpha", "train", served=served([tiny_pair.vocab_size + 3]))]
     with caplog.at_level(logging.INFO, logger="distill"):
-        records, _, _, _ = generate_dataset(tiny_pair, prompts, "served-vocab", TARGET, SAMPLING, 6, 4, 0, None, 4)
+        records, _, _, *_ = generate_dataset(tiny_pair, prompts, "served-vocab", TARGET, SAMPLING, 6, 4, 0, None, 4)
     assert records["source"] == ["target"] and len(answered) == 1
     assert (f"1 served responses regenerated: 1 with token ids outside the target's vocabulary of "
             f"{tiny_pair.vocab_size}") in caplog.messages
@@ -219,6 +223,14 @@ def test_the_generate_stage_scores_the_served_responses_of_the_retrains_traffic_
     assert {key: sources[key] for key in ("extra-traffic-0", "extra-traffic-1", "extra-traffic-2")} == {
         "extra-traffic-0": SERVED, "extra-traffic-1": SERVED, "extra-traffic-2": "target"}
     assert list(sources.values()).count(SERVED) == 2 and record.train_answers == 4
+    # tokens per CPU-minute per source: the answers the target decoded apart from the responses it scored
+    rates = {rate["source"]: rate for rate in record.label_rates}
+    scored = rates["the target scores served responses (teacher-forced)"]
+    decoded = rates["the target answers (in_process)"]
+    answer_tokens = [len(ids) - length for ids, length, source in zip(
+        found["train"]["input_ids"], found["train"]["prompt_length"], found["train"]["source"])]
+    assert scored["tokens"] == 3 + 2 == sum(n for n, source in zip(answer_tokens, sources.values()) if source == SERVED)
+    assert decoded["tokens"] == sum(answer_tokens) - scored["tokens"] and decoded["seconds"] > 0
     assert len(answered) == 2 + 2  # the other two train prompts, then the validation prompts
     assert f"1 served responses regenerated: 1 from another target (fingerprint other-target, this target {TARGET})" \
         in caplog.messages

@@ -32,7 +32,8 @@ from eval.monitor.watch import run as run_monitor
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy
 from eval.config import ReportConfig
-from eval.harness.serving_bench import NO_DRAFT, UNTRAINED, ServingBenchConfig, run_bench, spec_counters
+from eval.harness.serving_bench import (NO_DRAFT, UNTRAINED, Bench, ServingBenchConfig, engine_verdict,
+                                        run_bench, spec_counters)
 from eval.report import prompts_by_domain
 
 TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
@@ -181,10 +182,39 @@ def test_the_serving_benchmark_measures_running_servers_by_url_and_they_accept_b
         assert served["token_acceptance_agrees"] and served["alpha_agrees"]
     low, high = sampled["predicted_token_acceptance_interval"]
     assert high < 0.1 and sampled["token_acceptance_interval"][1] < 0.1  # greedy drafts: p(argmax q) is small here
+    # the one pass predicts every rule: the server's counts meet the greedy rule's, not the sampled rule's
+    assert sampled["rules_agree"]["greedy"] and not sampled["rules_agree"]["sampled"]
+    assert sampled["rules"]["greedy"]["token_acceptance"] == sampled["predicted_token_acceptance"]
+    # the verdict is the engine's own measured speed, with its interval over prompts
+    low, high = greedy["speedup_interval"]
+    assert low <= greedy["speedup"] <= high and greedy["verdict"] == engine_verdict(greedy)
     prompts = tiny_pair.encode_chat(prompts_by_domain(ReportConfig(domains=["code"], max_prompts=8))["code"])
     sampled_rule = tiny_pair.decoder().generate(prompts, 64, SamplingParams(temperature=0.7, top_p=0.9),
                                                 GammaPolicy(gamma=1)).metrics.rule_acceptance("sampled")
     assert sampled_rule > 0.3  # what a server accepting sampled drafts would have counted
+
+
+def test_the_engines_verdict_is_its_measured_speedup_paired_by_prompt():
+    """Each draft's request to a prompt paired with the target alone's to the same prompt: a draft twice as fast
+    on every prompt is recommended whatever the prompts' lengths, one slower everywhere is not, and one whose
+    gain is in the noise gets neither."""
+    def served(tokens, seconds):
+        return {"tokens_per_s": sum(tokens) / sum(seconds), "request_tokens": tokens, "request_seconds": seconds}
+
+    tokens, seconds = [64, 8, 64, 30, 64, 12], [1.0, 0.2, 1.5, 0.5, 0.8, 0.3]
+    bench = Bench(None, ServingBenchConfig(), {}, [], 0)
+    bench.results = {NO_DRAFT: {"code": {"t0": served(tokens, seconds)}},
+                     "fast": {"code": {"t0": served(tokens, [s / 2 for s in seconds])}},
+                     "slow": {"code": {"t0": served(tokens, [s * 1.25 for s in seconds])}},
+                     "noisy": {"code": {"t0": served(tokens, [s * f for s, f in zip(seconds, (0.7, 1.3) * 3)])}}}
+    bench.add_speedups()
+    fast, slow, noisy = (bench.results[label]["code"]["t0"] for label in ("fast", "slow", "noisy"))
+    assert fast["speedup"] == pytest.approx(2.0) and fast["speedup_interval"] == pytest.approx([2.0, 2.0])
+    assert fast["verdict"].startswith("RECOMMENDED: the engine measured 2.00x")
+    assert slow["verdict"].startswith("NOT RECOMMENDED") and slow["speedup_interval"][1] < 1.0
+    low, high = noisy["speedup_interval"]
+    assert low < 1.0 < high and noisy["verdict"].startswith("NO MEASURED GAIN")
+    assert "verdict" not in bench.results[NO_DRAFT]["code"]["t0"]
 
 
 def test_the_predicted_speedup_is_tokens_per_round_over_the_cost_of_a_round():

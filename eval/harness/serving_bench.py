@@ -13,7 +13,9 @@ alpha = accepted/drafted and per-token acceptance = accepted/tested (tested = ac
 accept every drafted token, from the per-position counter), each with a 95% interval over requests. With
 serving.decoder_check, the project's decoder decodes the same prompts with the same draft, sampling and gamma, and
 the acceptance it predicts for the engine's drafting rule (greedy drafts, decode/engine_rules.py) is printed
-beside the server's, with whether their intervals meet. For llama-server started here, llama-bench's step costs
+beside the server's, with whether their intervals meet, and every other rule's from the same pass. The verdict is
+the engine's own: the speedup's 95% interval over prompts (each paired with the target alone's request for it)
+above 1.0, below it, or holding it. For llama-server started here, llama-bench's step costs
 give the predicted speedup (c for the draft, v for a gamma+1 verify batch; and in server, with the server's own
 time per token measured target alone, see decode/serving/engine_costs.py).
 
@@ -59,7 +61,7 @@ from decode.serving.llama_server import Completion, LlamaServer, ServerSpec, fin
 from decode.serving.openai_server import OpenAIServer
 from distill.domains import domain_config
 from eval.acceptance import figures as decode_figures
-from eval.bootstrap import BOOTSTRAP_SAMPLES, bootstrap_interval, ratio_of_sums
+from eval.bootstrap import BOOTSTRAP_SAMPLES, bootstrap_interval, ratio_of_rates, ratio_of_sums
 from eval.config import ReportConfig
 from eval.monitor.sources import Problems, counter_readings, parse_exposition
 from eval.report import prompts_by_domain
@@ -198,10 +200,12 @@ def serve_domain(server, prompt_ids: list[list[int]], settings: ServingBenchConf
             delta = {key: end[key] - start[key] for key in end}
             counts.append([delta["drafted"], delta["accepted"],
                            delta["accepted"] + delta["rounds"] - delta["full_rounds"], delta["rounds"]])
-    tokens = sum(completion.predicted_n for completion in completions)
-    seconds = sum(completion.predicted_ms for completion in completions) / 1000
+    request_tokens = [completion.predicted_n for completion in completions]
+    request_seconds = [completion.predicted_ms / 1000 for completion in completions]
+    tokens, seconds = sum(request_tokens), sum(request_seconds)
     result = {"requests": len(completions), "tokens": tokens, "seconds": seconds,
-              "tokens_per_s": tokens / seconds if seconds else float("nan")}
+              "tokens_per_s": tokens / seconds if seconds else float("nan"),
+              "request_tokens": request_tokens, "request_seconds": request_seconds}
     if counts:
         result.update(server_acceptance(np.array(counts, dtype=float)))
     return result, [completion.text for completion in completions]
@@ -223,27 +227,57 @@ def server_acceptance(counts: np.ndarray) -> dict:
 
 def decoder_prediction(pair: ModelPair, model: torch.nn.Module, prompt_ids: list[list[int]],
                        settings: ServingBenchConfig, sampling: SamplingParams, seed: int) -> dict:
-    """The project's decoder on the same prompts, sampling and gamma: the acceptance the engines' drafting rule
-    (greedy drafts) has there, per token and as alpha at gamma (every round drafting gamma), with 95% intervals
-    over prompts, and the decoder's own alpha."""
+    """The project's decoder on the same prompts, sampling and gamma: the acceptance each drafting rule
+    (decode/acceptance_rules.py) has there, per token and as alpha at gamma (every round drafting gamma), with 95%
+    intervals over prompts, and the decoder's own alpha. The predicted_* figures are the engines' rule's (greedy
+    drafts, decode/engine_rules.py); `rules` holds every rule's, to show which rule the server follows."""
     decoder = pair.decoder(model)
     metrics = [decoder.generate([prompt], settings.max_new_tokens, sampling, GammaPolicy(gamma=settings.gamma),
                                 seed=seed + index).metrics for index, prompt in enumerate(prompt_ids)]
     measured = decode_figures(metrics, [], settings.gamma, None)
-    rule = measured.rules[ENGINE_RULES["llama_cpp"]]
-    interval = rule.token_acceptance_interval
-    return {"decoder_alpha": measured.alpha, "predicted_token_acceptance": rule.token_acceptance,
-            "predicted_token_acceptance_interval": interval,
-            "predicted_alpha": expected_alpha(rule.token_acceptance, settings.gamma),
-            "predicted_alpha_interval": interval and [expected_alpha(bound, settings.gamma) for bound in interval]}
+    rules = {}
+    for name, rule in measured.rules.items():
+        interval = rule.token_acceptance_interval
+        rules[name] = {"token_acceptance": rule.token_acceptance, "token_acceptance_interval": interval,
+                       "alpha": None if rule.token_acceptance is None
+                       else expected_alpha(rule.token_acceptance, settings.gamma),
+                       "alpha_interval": interval and [expected_alpha(bound, settings.gamma) for bound in interval]}
+    engine_rule = rules[ENGINE_RULES["llama_cpp"]]
+    return {"decoder_alpha": measured.alpha, "predicted_token_acceptance": engine_rule["token_acceptance"],
+            "predicted_token_acceptance_interval": engine_rule["token_acceptance_interval"],
+            "predicted_alpha": engine_rule["alpha"], "predicted_alpha_interval": engine_rule["alpha_interval"],
+            "rules": rules}
 
 
 def agreement(figures: dict) -> None:
-    """Whether the server's alpha and per-token acceptance meet the decoder's prediction: intervals that overlap."""
+    """Whether the server's alpha and per-token acceptance meet the decoder's prediction: intervals that overlap;
+    per rule too (rules_agree), so that a server following another rule than the engines' shows."""
     for name in ("alpha", "token_acceptance"):
         served, predicted = figures.get(f"{name}_interval"), figures.get(f"predicted_{name}_interval")
         if served and predicted:
-            figures[f"{name}_agrees"] = served[0] <= predicted[1] and predicted[0] <= served[1]
+            figures[f"{name}_agrees"] = overlap(served, predicted)
+    served = figures.get("token_acceptance_interval")
+    if served and figures.get("rules"):
+        figures["rules_agree"] = {name: overlap(served, rule["token_acceptance_interval"])
+                                  for name, rule in figures["rules"].items() if rule["token_acceptance_interval"]}
+
+
+def overlap(first: list[float], second: list[float]) -> bool:
+    return first[0] <= second[1] and second[0] <= first[1]
+
+
+def engine_verdict(figures: dict) -> Optional[str]:
+    """What the engine's own measured speed says: serve the draft only where its interval lies above the target
+    alone's speed. None without the target alone measured beside it."""
+    interval = figures.get("speedup_interval")
+    if figures.get("speedup") is None or not interval:
+        return None
+    measured = f"{figures['speedup']:.2f}x [{interval[0]:.2f}, {interval[1]:.2f}] the target alone"
+    if interval[0] > 1.0:
+        return f"RECOMMENDED: the engine measured {measured}"
+    if interval[1] < 1.0:
+        return f"NOT RECOMMENDED: the engine measured {measured}: serve the target without this draft"
+    return f"NO MEASURED GAIN: the engine measured {measured}, an interval that holds 1.0"
 
 
 def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchConfig, output_dir: Path,
@@ -321,14 +355,23 @@ class Bench:
                 self.results.setdefault(label, {}).setdefault(domain, {})[name] = figures
 
     def add_speedups(self) -> None:
-        """Each draft's tokens/s over the target alone's, where the target alone was measured."""
+        """Each draft's tokens/s over the target alone's, where the target alone was measured, with a 95% interval
+        over prompts (each prompt's request with the draft paired with its request to the target alone), and the
+        verdict that interval gives."""
         alone = self.results.get(NO_DRAFT)
         if alone is None:
             return
-        for by_domain in self.results.values():
+        for label, by_domain in self.results.items():
             for domain, by_sampling in by_domain.items():
                 for name, figures in by_sampling.items():
-                    figures["speedup"] = figures["tokens_per_s"] / alone[domain][name]["tokens_per_s"]
+                    reference = alone[domain][name]
+                    figures["speedup"] = figures["tokens_per_s"] / reference["tokens_per_s"]
+                    if label == NO_DRAFT:
+                        continue
+                    paired = np.array([figures["request_tokens"], figures["request_seconds"],
+                                       reference["request_tokens"], reference["request_seconds"]], dtype=float).T
+                    figures["speedup_interval"] = bootstrap_interval(paired, ratio_of_rates, BOOTSTRAP_SAMPLES, 0)
+                    figures["verdict"] = engine_verdict(figures)
 
 
 def format_markdown(report: dict) -> str:
@@ -340,22 +383,40 @@ def format_markdown(report: dict) -> str:
     for label, cost in report["engine_costs"].items():
         lines.append(f"- {label}: c = {cost['c']:.3f}, v({gamma}) = {cost['v'][str(gamma)]:.3f} (llama-bench: target "
                      f"{cost['target_tokens_per_s']:.1f} tok/s, draft {cost['draft_tokens_per_s']:.1f} tok/s)")
-    lines += ["", "predicted speedup: from llama-bench's bare forwards; in server: with the server's own time per "
-                  "token, target alone. Acceptance: the server's counters [95% interval over requests] against the "
-                  "decoder's prediction for greedy drafts [over prompts]; agrees: the intervals meet.", "",
+    lines += ["", "speedup: tokens/s over the target alone's [95% interval over prompts]. predicted: from "
+                  "llama-bench's bare forwards; in server: with the server's own time per token, target alone. "
+                  "Acceptance: the server's counters [95% interval over requests] against the decoder's prediction "
+                  "for greedy drafts [over prompts]; agrees: the intervals meet.", "",
               "| draft | domain | sampling | tok/s | speedup | predicted | predicted in server | "
               "per-token acceptance (server) | predicted | alpha (server) | predicted | agrees | same text |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    for label, by_domain in report["results"].items():
-        for domain, by_sampling in by_domain.items():
-            for sampling, f in by_sampling.items():
-                agrees = [f[key] for key in ("token_acceptance_agrees", "alpha_agrees") if key in f]
-                lines.append(
-                    f"| {label} | {domain} | {sampling} | {f['tokens_per_s']:.1f} | {_figure(f.get('speedup'), 'x')} | "
-                    f"{_figure(f.get('predicted_speedup'), 'x')} | {_figure(f.get('predicted_speedup_in_server'), 'x')} | "
-                    f"{_with_interval(f, 'token_acceptance')} | {_with_interval(f, 'predicted_token_acceptance')} | "
-                    f"{_with_interval(f, 'alpha')} | {_with_interval(f, 'predicted_alpha')} | "
-                    f"{all(agrees) if agrees else '-'} | {f.get('same_text_as_target_alone', '-')} |")
+    rows = [(label, domain, sampling, f) for label, by_domain in report["results"].items()
+            for domain, by_sampling in by_domain.items() for sampling, f in by_sampling.items()]
+    for label, domain, sampling, f in rows:
+        agrees = [f[key] for key in ("token_acceptance_agrees", "alpha_agrees") if key in f]
+        lines.append(
+            f"| {label} | {domain} | {sampling} | {f['tokens_per_s']:.1f} | {_with_interval(f, 'speedup', 'x')} | "
+            f"{_figure(f.get('predicted_speedup'), 'x')} | {_figure(f.get('predicted_speedup_in_server'), 'x')} | "
+            f"{_with_interval(f, 'token_acceptance')} | {_with_interval(f, 'predicted_token_acceptance')} | "
+            f"{_with_interval(f, 'alpha')} | {_with_interval(f, 'predicted_alpha')} | "
+            f"{all(agrees) if agrees else '-'} | {f.get('same_text_as_target_alone', '-')} |")
+    ruled = [row for row in rows if row[3].get("rules")]
+    if ruled:
+        names = list(ruled[0][3]["rules"])
+        lines += ["", "Per-token acceptance, the server's counters against each drafting rule's prediction "
+                      "(decode/acceptance_rules.py; * where the intervals meet):", "",
+                  "| draft | domain | sampling | server | " + " | ".join(names) + " |",
+                  "|---|---|---|---|" + "---|" * len(names)]
+        for label, domain, sampling, f in ruled:
+            meets = f.get("rules_agree", {})
+            cells = [_with_interval(f["rules"][name], "token_acceptance") + (" *" if meets.get(name) else "")
+                     for name in names]
+            lines.append(f"| {label} | {domain} | {sampling} | {_with_interval(f, 'token_acceptance')} | "
+                         + " | ".join(cells) + " |")
+    verdicts = [f"- {label} / {domain} / {sampling}: {f['verdict']}" for label, domain, sampling, f in rows
+                if f.get("verdict")]
+    if verdicts:
+        lines += ["", "Verdicts from the engine's own measured speed:", "", *verdicts]
     return "\n".join(lines) + "\n"
 
 
@@ -363,9 +424,9 @@ def _figure(value, suffix: str = "") -> str:
     return "-" if value is None or value != value else f"{value:.3f}{suffix}"
 
 
-def _with_interval(figures: dict, name: str) -> str:
+def _with_interval(figures: dict, name: str, suffix: str = "") -> str:
     interval = figures.get(f"{name}_interval")
-    return _figure(figures.get(name)) + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
+    return _figure(figures.get(name), suffix) + (f" [{interval[0]:.3f}, {interval[1]:.3f}]" if interval else "")
 
 
 register_help("serving_bench", __doc__)
