@@ -74,13 +74,14 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                 if prompt_labels:
                     labelling = labelling or labelling_precision(ctx.pair.target_runner(), settings.autocast)
                 began = time.perf_counter()
-                dataset, directory, _, prompt_rate, served_rate = generate_dataset(
+                generated = generate_dataset(
                     ctx.pair, split_prompts, name, fingerprint, sampling, settings.max_new_tokens,
                     settings.batch_size, ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator,
                     precision or FLOAT32, served, labelling if prompt_labels else None)
+                dataset, directory = generated.dataset, generated.directory
                 if split == "train":
                     rates = _label_rates(ctx, settings, dataset, time.perf_counter() - began, source, labelling,
-                                         prompt_rate, served_rate)
+                                         generated.prompt_rate, generated.served_rate)
             elif create:
                 log.info("reusing the target's answers from %s", directory)
             if dataset is None:
@@ -99,11 +100,10 @@ def _label_rates(ctx: RunContext, settings: GenerateConfig, answers: datasets.Da
     """Target-labelled tokens per CPU-minute of the answers just made, logged beside the bound: the same tokens
     labelled by one teacher-forced forward of the target here (distill/throughput.py); then those of the served
     responses scored instead of answered, and of the prompts' tokens, where there were any."""
-    answered = [ids_and_length for ids_and_length, origin in zip(
-        zip(answers["input_ids"], answers["prompt_length"]), answers["source"]) if origin != SERVED]
+    decoded_tokens = sum(len(ids) - length for ids, length, origin in zip(
+        answers["input_ids"], answers["prompt_length"], answers["source"]) if origin != SERVED)
     others = [rate for rate in (served_rate, prompt_rate) if rate is not None]
-    made = LabelRate(f"the target answers ({source})", sum(len(ids) - length for ids, length in answered),
-                     seconds - sum(rate.seconds for rate in others))
+    made = LabelRate(f"the target answers ({source})", decoded_tokens, seconds - sum(rate.seconds for rate in others))
     runner = ctx.pair.target_runner()
     bound = labelling_bound(runner, answers.select(range(min(BOUND_SEQUENCES, len(answers)))).to_list(),
                             settings.top_k_logprobs, labelling or labelling_precision(runner, settings.autocast))
