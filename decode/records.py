@@ -185,6 +185,38 @@ class EngineCheck:
 
 
 @dataclass(kw_only=True)
+class VllmCheck:
+    """The export served by vLLM (decode/export/vllm_check.py): skipped (and why), or, on the same prompts, greedy,
+    the target alone and the target with the draft: vLLM's own counters, whether the draft changed a token, and
+    each server's tokens per second (wall time per request, one at a time)."""
+
+    skipped: Optional[str] = None
+    method: Optional[str] = None
+    gamma: Optional[int] = None
+    dtype: Optional[str] = None
+    prompts: Optional[int] = None
+    rounds: Optional[int] = None
+    drafted: Optional[int] = None
+    accepted: Optional[int] = None
+    accepted_per_position: Optional[list[int]] = None
+    alpha: Optional[float] = None
+    token_acceptance: Optional[float] = None  # accepted / (accepted + rounds that rejected a drafted token)
+    same_tokens_as_target_alone: Optional[bool] = None
+    target_tokens_per_s: Optional[float] = None
+    draft_tokens_per_s: Optional[float] = None  # the target with the draft
+    speedup: Optional[float] = None
+
+    def to_json(self) -> dict:
+        if self.skipped is not None:
+            return {"skipped": self.skipped}
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.name != "skipped"}
+
+    @classmethod
+    def from_json(cls, data: dict) -> VllmCheck:
+        return cls(**_known(cls, data))
+
+
+@dataclass(kw_only=True)
 class ServingStepCosts:
     """The step costs of the engine an export is most likely served by (export.json's `step_costs`): what the
     monitor's break-even threshold is computed from."""

@@ -16,13 +16,14 @@ from pathlib import Path
 from typing import List, Optional, TypeVar
 
 from decode.files import write_json
-from decode.records import AcceptanceFigures, EngineCheck, EngineFigures, StepCostFigures
+from decode.records import AcceptanceFigures, EngineCheck, EngineFigures, StepCostFigures, VllmCheck
 
 log = logging.getLogger(__name__)
 
 RESULTS_DIR = "results"
 FORMAT_VERSION = 1
 ENGINE_CHECK = "engine"  # the engine check's entry among an export's read-back checks (ExportResult.round_trip)
+VLLM_CHECK = "vllm"  # vLLM's engine check there
 
 
 class PlainRecord:
@@ -160,6 +161,11 @@ class ExportResult(PlainRecord):
     def engine_check(self) -> Optional[EngineCheck]:
         engine = self.round_trip.get(ENGINE_CHECK)
         return None if engine is None else EngineCheck.from_json(engine)
+
+    @property
+    def vllm_check(self) -> Optional[VllmCheck]:
+        check = self.round_trip.get(VLLM_CHECK)
+        return None if check is None else VllmCheck.from_json(check)
 
 
 STAGE_RESULTS = {"generate": GenerateResult, "train": TrainResult, "eval": EvalResult, "export": ExportResult}

@@ -25,7 +25,13 @@ def test_serving_flags_parse_and_name_the_paths(tmp_path):
     write_serving_files(tmp_path / "serving", flags)
     vllm = json.loads((tmp_path / "serving" / "vllm.json").read_text())
     assert vllm == {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": 4}
-    vllm_line = shlex.split((tmp_path / "serving" / "vllm.sh").read_text().splitlines()[1])
+    module_line, vllm_line = map(shlex.split, (tmp_path / "serving" / "vllm.sh").read_text().splitlines()[1:3])
+    assert vllm_line[:4] == ["exec", "vllm", "serve", "org/target"]
+    # VLLM_PYTHON set (make vllm's CPU build, whose `vllm` command does not run): the same server as a module
+    assert module_line[:9] == ["[", "-n", "$VLLM_PYTHON", "]", "&&", "exec", "$VLLM_PYTHON", "-m",
+                               "vllm.entrypoints.openai.api_server"]
+    assert module_line[module_line.index("--model") + 1] == "org/target"
+    assert module_line[module_line.index("--model") + 2:] == vllm_line[4:]
     assert json.loads(vllm_line[vllm_line.index("--speculative-config") + 1]) == vllm
     sglang = shlex.split((tmp_path / "serving" / "sglang.sh").read_text().splitlines()[1])
     assert sglang[sglang.index("--speculative-algorithm") + 1] == "STANDALONE"

@@ -11,7 +11,7 @@ import yaml
 
 from decode.engine_rules import ENGINE_NAMES
 from decode.export.record import ExportRecord
-from decode.records import AcceptanceFigures, EngineCheck, EngineFigures, format_figure, format_interval
+from decode.records import AcceptanceFigures, EngineCheck, EngineFigures, VllmCheck, format_figure, format_interval
 from decode.results import EvalResult, GenerateResult, TrainResult
 
 
@@ -43,6 +43,7 @@ def model_card(record: ExportRecord, kind, evaluated: EvalResult | None, trained
         lines += [_files_line(record.files), ""]
     if "vllm" in flags:
         lines += ["vLLM:", "", "```", _command(flags["vllm"]), "```", ""]
+        lines += _vllm_lines(record.result.vllm_check)
     if "sglang" in flags:
         lines += ["SGLang:", "", "```", _command(flags["sglang"]), "```", ""]
     if "llama_cpp" in flags:
@@ -137,6 +138,18 @@ def _engine_lines(engine: EngineCheck | None) -> list[str]:
     if engine.predicted_speedup < 1.0:
         lines += ["**llama.cpp: not worth serving as measured: serve the target without this draft.**", ""]
     return lines
+
+
+def _vllm_lines(check: VllmCheck | None) -> list[str]:
+    if check is None:
+        return []
+    if check.skipped is not None:
+        return [f"Not served by vLLM at export ({check.skipped}).", ""]
+    return [f"Served by vLLM at export ({check.method}, gamma {check.gamma}, {check.dtype}), greedy, on "
+            f"{check.prompts} prompts: alpha = accepted/drafted {check.alpha:.3f} ({check.accepted}/{check.drafted}), "
+            f"accepted per position {check.accepted_per_position}; the same tokens as the target alone: "
+            f"{check.same_tokens_as_target_alone}; {check.draft_tokens_per_s:.1f} tok/s against "
+            f"{check.target_tokens_per_s:.1f} for the target alone ({check.speedup:.2f}x, wall time per request).", ""]
 
 
 def _command(args) -> str:

