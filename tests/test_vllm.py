@@ -158,6 +158,10 @@ def test_the_serving_benchmark_and_the_closed_loop_run_on_vllm(tmp_path, models,
     assert max(w["alpha_server"] for w in windows[:2]) < 0.9 < windows[2]["alpha_server"]
     logged = [json.loads(line) for line in Path(result["request_log"]).read_text().splitlines()]
     assert sum(line["drafted"] for line in logged[:6]) == windows[0]["drafted"]  # per request: vLLM's counters
+    # every round drafts gamma tokens: the per-position counter gives each request's rejected rounds, so the
+    # monitor's per-token acceptance is exact: accepted / (accepted + rejected)
+    assert all(line["rejected"] <= line["drafted"] // GAMMA for line in logged)
+    assert all(line["accepted"] + line["rejected"] >= min(line["drafted"], 1) for line in logged)
     assert result["recovery"]["translation"]["interval"][0] > 0
 
 

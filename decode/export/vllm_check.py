@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
@@ -29,14 +30,11 @@ def vllm_check(spec: VllmSpec, prompt_ids: list[list[int]], max_new_tokens: int,
         find_python(spec.python)
     except ServerError as error:
         return VllmCheck(skipped=str(error))
-    alone_spec = VllmSpec(**{**spec.__dict__, "draft": None})
-    with VllmServer(alone_spec, log_dir / "vllm-target.log") as server:
-        alone_tokens, alone_seconds = served(server, prompt_ids, max_new_tokens)
+    with VllmServer(replace(spec, draft=None), log_dir / "vllm-target.log") as server:
+        alone_tokens, alone_seconds, _ = served(server, prompt_ids, max_new_tokens)
     try:
         with VllmServer(spec, log_dir / "vllm-draft.log") as server:
-            before = spec_decode_counts(server.metrics_text())
-            tokens, seconds = served(server, prompt_ids, max_new_tokens)
-            counts = spec_decode_counts(server.metrics_text()) - before
+            tokens, seconds, counts = served(server, prompt_ids, max_new_tokens)
     except ServerError as error:
         raise ExportMismatch(f"vLLM does not serve the exported draft: {error}") from None
     if counts.drafted == 0:
@@ -51,21 +49,24 @@ def vllm_check(spec: VllmSpec, prompt_ids: list[list[int]], max_new_tokens: int,
                      speedup=generated / seconds / target_rate)
 
 
-def served(server: VllmServer, prompt_ids: list[list[int]], max_new_tokens: int) -> tuple[list[list[int]], float]:
+def served(server: VllmServer, prompt_ids: list[list[int]],
+           max_new_tokens: int) -> tuple[list[list[int]], float, SpecDecodeCounts]:
     """Each prompt, greedy, one at a time, after one uncounted request (vLLM's first request warms it up) ->
-    (the tokens of each reply, the seconds they took)."""
+    (the tokens of each reply, the seconds they took, vLLM's counters' growth over them)."""
     server.complete(prompt_ids[0], 4)
+    before = spec_decode_counts(server.metrics_text())
     replies = [server.complete(ids, max_new_tokens) for ids in prompt_ids]
-    return [reply.tokens for reply in replies], sum(reply.predicted_ms for reply in replies) / 1000
+    counts = spec_decode_counts(server.metrics_text()) - before
+    return [reply.tokens for reply in replies], sum(reply.predicted_ms for reply in replies) / 1000, counts
 
 
 def token_acceptance(counts: SpecDecodeCounts) -> Optional[float]:
     """accepted / tested: a round tests every token it accepted, plus the first rejected one unless it accepted all
     (the last position's count is the rounds that did)."""
-    if not counts.accepted_per_position:
+    rejected = counts.rejected_rounds()
+    if rejected is None or counts.accepted + rejected == 0:
         return None
-    tested = counts.accepted + counts.rounds - counts.accepted_per_position[-1]
-    return counts.accepted / tested if tested else None
+    return counts.accepted / (counts.accepted + rejected)
 
 
 def format_check(check: VllmCheck) -> str:

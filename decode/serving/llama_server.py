@@ -79,6 +79,7 @@ class Completion:
     predicted_ms: float            # generation time, prompt processing excluded
     stop_type: str
     text: str = ""
+    rejected: Optional[int] = None  # rounds that rejected a drafted token, where the server counts them (vLLM)
 
 
 def find_binary(configured: Optional[str] = None) -> str:

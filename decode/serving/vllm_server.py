@@ -70,7 +70,7 @@ class VllmSpec:
 
 def find_python(configured: Optional[str] = None) -> str:
     """The python of vLLM's environment; a ServerError that says how to get one when there is none."""
-    for source, candidate in (("serving.vllm_python", configured), ("VLLM_PYTHON", os.environ.get("VLLM_PYTHON"))):
+    for source, candidate in (("vllm_python", configured), ("VLLM_PYTHON", os.environ.get("VLLM_PYTHON"))):
         if candidate:
             if not Path(candidate).is_file():
                 raise ServerError(f"{source}={candidate} does not exist; {INSTALL_HINT}")
@@ -141,30 +141,24 @@ class VllmServer(ServerProcess):
                  top_p: float = 1.0, seed: int = 0, as_decode_samples: bool = False) -> Completion:
         """One request, its prompt given as token ids (the chat template already applied). vLLM samples with
         top-k, temperature and top-p alone, as decode/sampling.py does: as_decode_samples changes nothing here.
-        drafted and accepted are its counters' growth over the request; predicted_ms its wall time."""
+        drafted, accepted and rejected are its counters' growth over the request; predicted_ms its wall time."""
         del as_decode_samples
         body = {"prompt": prompt_ids, "max_tokens": max_tokens, "temperature": temperature, "top_k": top_k or -1,
                 "top_p": top_p, "seed": seed, "stream": False, "return_token_ids": True, "ignore_eos": False}
-        before = self.draft_counts()
+        before = spec_decode_counts(self.metrics_text())
         started = time.perf_counter()
         reply = json.loads(self._request("/v1/completions", body))
         elapsed_ms = (time.perf_counter() - started) * 1000
-        after = self.draft_counts()
+        counts = spec_decode_counts(self.metrics_text()) - before
         try:
             choice = reply["choices"][0]
             tokens = [int(token) for token in choice["token_ids"]]
         except (KeyError, IndexError, TypeError, ValueError):
             raise ServerError(f"vLLM answered /v1/completions without choices and token_ids: "
                               f"{json.dumps(reply)[:300]}") from None
-        return Completion(tokens=tokens, text=str(choice.get("text", "")), drafted=after[0] - before[0],
-                          accepted=after[1] - before[1], predicted_n=len(tokens), predicted_ms=elapsed_ms,
-                          stop_type=str(choice.get("finish_reason", "")))
-
-    def draft_counts(self) -> tuple[int, int]:
-        """(drafted, accepted) so far, from /metrics; (0, 0) for the target alone."""
-        counts = spec_decode_counts(self.metrics_text())
-        return counts.drafted, counts.accepted
-
+        return Completion(tokens=tokens, text=str(choice.get("text", "")), drafted=counts.drafted,
+                          accepted=counts.accepted, rejected=counts.rejected_rounds(), predicted_n=len(tokens),
+                          predicted_ms=elapsed_ms, stop_type=str(choice.get("finish_reason", "")))
 
 @dataclass
 class SpecDecodeCounts:
@@ -182,6 +176,13 @@ class SpecDecodeCounts:
                   for counts in (self, earlier)]
         return SpecDecodeCounts(self.rounds - earlier.rounds, self.drafted - earlier.drafted,
                                 self.accepted - earlier.accepted, [a - b for a, b in zip(*padded)])
+
+    def rejected_rounds(self) -> Optional[int]:
+        """The rounds that rejected a drafted token: those that did not accept the last position, where every round
+        drafted as many tokens as there are positions (None where one drafted fewer: then it is not known)."""
+        if not self.accepted_per_position or self.drafted != self.rounds * len(self.accepted_per_position):
+            return None
+        return self.rounds - self.accepted_per_position[-1]
 
 
 def spec_decode_counts(metrics_text: str) -> SpecDecodeCounts:

@@ -213,8 +213,9 @@ def request_line(at: float, domain: str, prompt: str, reply: Completion, gamma: 
                  provenance: dict) -> dict:
     """A reply as a gateway in front of the server logs it (docs/monitor.md): its drafting counts and the
     response, as text and token ids, with how it was served (distill/served_responses.py served_by)."""
+    counted = {"rejected": reply.rejected} if reply.rejected is not None else {}  # vLLM: per-token exact
     return {"timestamp": at, "domain": domain, "prompt": prompt, "drafted": reply.drafted, "accepted": reply.accepted,
-            "gamma": gamma, **response_fields(tokenizer, reply.tokens, provenance)}
+            **counted, "gamma": gamma, **response_fields(tokenizer, reply.tokens, provenance)}
 
 
 def run_loop(config: ClosedLoopCommand, output_dir: Path) -> dict:
