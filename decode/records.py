@@ -201,6 +201,7 @@ class VllmCheck:
     accepted_per_position: Optional[list[int]] = None
     alpha: Optional[float] = None
     token_acceptance: Optional[float] = None  # accepted / (accepted + rounds that rejected a drafted token)
+    decoder_token_acceptance: Optional[float] = None  # this project's decoder: the same prompts, draft and gamma
     same_tokens_as_target_alone: Optional[bool] = None
     target_tokens_per_s: Optional[float] = None
     draft_tokens_per_s: Optional[float] = None  # the target with the draft

@@ -14,6 +14,7 @@ from decode.export.engines import ServingTarget, vllm_args, write_serving_files
 from decode.export.vllm_check import token_acceptance, vllm_check
 from decode.files import point_symlink
 from decode.models import ModelSpec
+from decode.pair import load_pair
 from decode.serving.process import ServerError, ServerProcess
 from decode.serving.vllm_server import SpecDecodeCounts, VllmServer, VllmSpec, find_python, spec_decode_counts
 from decode.tiny import tiny_llama, tiny_tokenizer
@@ -111,20 +112,21 @@ def test_vllm_keeps_the_targets_greedy_tokens_with_any_draft_and_counts_what_it_
     assert counts.accepted / counts.drafted > 0.9 and len(counts.accepted_per_position) == GAMMA
 
     # a draft that disagrees: the tokens are still the target's, from the engine check (target alone beside it)
+    pair = load_pair(ModelSpec(path=str(models["target"]), dtype="float32", device="cpu"),
+                     ModelSpec(path=str(models["random"] / "draft"), dtype="float32", device="cpu"))
     check = vllm_check(VllmSpec(str(models["target"]), str(models["random"] / "draft"), gamma=GAMMA,
-                                enforce_eager=True), ids, 24, tmp_path / "check")
+                                enforce_eager=True), ids, 24, tmp_path / "check", pair.decoder())
     assert check.skipped is None and check.same_tokens_as_target_alone is True
     assert check.drafted == check.rounds * GAMMA and 0 <= check.accepted < check.drafted * 0.9
     assert sum(check.accepted_per_position) == check.accepted and check.alpha < counts.accepted / counts.drafted
     assert check.target_tokens_per_s > 0 and check.draft_tokens_per_s > 0
+    assert check.decoder_token_acceptance == pytest.approx(check.token_acceptance, abs=0.05)
 
 
 def test_the_serving_benchmark_and_the_closed_loop_run_on_vllm(tmp_path, models, vllm_python):
     """The benchmark: the target alone and with a draft, vLLM's counters beside the decoder's prediction. The loop:
     the random draft serves, the monitor reads vLLM's counters and alerts, the retrain places the target-as-draft
     export, the gate promotes it, vLLM restarts on it and acceptance recovers."""
-    from decode.pair import load_pair
-
     pair_config = PairConfig(target=ModelSpec(path=str(models["target"]), dtype="float32", device="cpu"),
                              draft=ModelSpec(path=str(models["random"] / "draft"), dtype="float32", device="cpu"))
     pair = load_pair(pair_config.target, pair_config.draft)
@@ -204,3 +206,5 @@ def test_the_export_stage_runs_the_vllm_check_into_export_json_and_the_card(tmp_
     assert check["same_tokens_as_target_alone"] is True and check["drafted"] == 2 * check["rounds"] > 0
     assert check["method"] == "draft_model" and len(check["accepted_per_position"]) == 2
     assert f"({check['accepted']}/{check['drafted']})" in (export / "README.md").read_text()
+    # the same greedy text, the same draft: this project's decoder accepts what vLLM accepted
+    assert check["decoder_token_acceptance"] == pytest.approx(check["token_acceptance"], abs=0.05)

@@ -147,7 +147,9 @@ def _vllm_lines(check: VllmCheck | None) -> list[str]:
         return [f"Not served by vLLM at export ({check.skipped}).", ""]
     return [f"Served by vLLM at export ({check.method}, gamma {check.gamma}, {check.dtype}), greedy, on "
             f"{check.prompts} prompts: alpha = accepted/drafted {check.alpha:.3f} ({check.accepted}/{check.drafted}), "
-            f"accepted per position {check.accepted_per_position}; the same tokens as the target alone: "
+            f"accepted per position {check.accepted_per_position}, per-token acceptance "
+            f"{format_figure(check.token_acceptance)} (this project's decoder: "
+            f"{format_figure(check.decoder_token_acceptance)}); the same tokens as the target alone: "
             f"{check.same_tokens_as_target_alone}; {check.draft_tokens_per_s:.1f} tok/s against "
             f"{check.target_tokens_per_s:.1f} for the target alone ({check.speedup:.2f}x, wall time per request).", ""]
 

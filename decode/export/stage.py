@@ -41,6 +41,7 @@ from decode.export.record import RECORD_FILE, ExportRecord
 from decode.files import published
 from decode.kinds.registry import kind_for
 from decode.models import gguf_path, serving_path
+from decode.pair import load_draft
 from decode.records import EngineCheck, ServingStepCosts, VllmCheck
 from decode.results import ENGINE_CHECK, VLLM_CHECK, EvalResult, ExportResult, GenerateResult, TrainResult
 from decode.serving.vllm_server import VllmSpec
@@ -99,7 +100,9 @@ def served_by_vllm(job: ExportJob, staging: Path, written) -> VllmCheck:
     method = written.flags["vllm_speculative_config"]["method"]
     spec = VllmSpec(job.target.hf_path, str(staging / written.record["files"]["vllm"]), method=method,
                     gamma=job.gamma)
-    check = vllm_check(spec, job.verify_ids, job.max_new_tokens, job.ctx.run_dir / "vllm_check")
+    draft = load_draft(job.ctx.pair.target, job.ctx.pair.tokenizer, job.draft_spec)[0]
+    check = vllm_check(spec, job.verify_ids, job.max_new_tokens, job.ctx.run_dir / "vllm_check",
+                       job.ctx.pair.decoder(draft))
     log.info(format_check(check))
     return check
 

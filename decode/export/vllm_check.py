@@ -1,31 +1,30 @@
-"""The engine check in vLLM: an export served next to its target, greedy, beside the target served alone.
-
-    python -m decode.export.vllm_check EXPORT_DIR [--domain code] [--prompts 4] [--max-new-tokens 64]
-
-Prints vLLM's own counters (rounds, drafted, accepted, accepted per draft position), alpha and per-token
-acceptance, whether the draft changed any greedy token, and each server's tokens per second. The export stage runs
-the same check with export.vllm_check=true. vLLM comes from its own environment (decode/serving/vllm_server.py).
+"""The engine check in vLLM: an export served next to its target, greedy, beside the target served alone: vLLM's
+own counters (rounds, drafted, accepted, accepted per draft position), alpha and per-token acceptance beside this
+project's decoder's, whether the draft changed any greedy token, and each server's tokens per second. The export
+stage runs it with export.vllm_check=true; `python -m eval.harness.vllm_check EXPORT_DIR` on an export. vLLM
+comes from its own environment (decode/serving/vllm_server.py).
 """
 
 from __future__ import annotations
 
-import argparse
-import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Optional
 
-from decode.cli import exit_on_user_error
-from decode.errors import ConfigError, ExportMismatch
+from decode.errors import ExportMismatch
+from decode.metrics import DecodeMetrics
 from decode.records import VllmCheck
+from decode.sampling import SamplingParams
 from decode.serving.process import ServerError
-from decode.serving.vllm_server import (SpecDecodeCounts, VllmServer, VllmSpec, export_draft, find_python,
-                                        spec_decode_counts)
+from decode.serving.vllm_server import SpecDecodeCounts, VllmServer, VllmSpec, find_python, spec_decode_counts
+from decode.speculative import GammaPolicy, SpeculativeDecoder
 
 
-def vllm_check(spec: VllmSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_dir: Path) -> VllmCheck:
-    """spec: the target with the draft. Skipped (and said so) where vLLM is not installed; ExportMismatch where
-    vLLM refuses the draft or drafts nothing."""
+def vllm_check(spec: VllmSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_dir: Path,
+               decoder: Optional[SpeculativeDecoder] = None) -> VllmCheck:
+    """spec: the target with the draft; decoder: this project's over the same target and draft, whose per-token
+    acceptance on the same prompts is recorded beside vLLM's. Skipped (and said so) where vLLM is not installed;
+    ExportMismatch where vLLM refuses the draft or drafts nothing."""
     try:
         find_python(spec.python)
     except ServerError as error:
@@ -44,7 +43,10 @@ def vllm_check(spec: VllmSpec, prompt_ids: list[list[int]], max_new_tokens: int,
     return VllmCheck(method=spec.method, gamma=spec.gamma, dtype=spec.dtype, prompts=len(prompt_ids),
                      rounds=counts.rounds, drafted=counts.drafted, accepted=counts.accepted,
                      accepted_per_position=counts.accepted_per_position, alpha=counts.accepted / counts.drafted,
-                     token_acceptance=token_acceptance(counts), same_tokens_as_target_alone=tokens == alone_tokens,
+                     token_acceptance=token_acceptance(counts),
+                     decoder_token_acceptance=None if decoder is None
+                     else greedy_acceptance(decoder, prompt_ids, max_new_tokens, spec.gamma),
+                     same_tokens_as_target_alone=tokens == alone_tokens,
                      target_tokens_per_s=target_rate, draft_tokens_per_s=generated / seconds,
                      speedup=generated / seconds / target_rate)
 
@@ -58,6 +60,14 @@ def served(server: VllmServer, prompt_ids: list[list[int]],
     replies = [server.complete(ids, max_new_tokens) for ids in prompt_ids]
     counts = spec_decode_counts(server.metrics_text()) - before
     return [reply.tokens for reply in replies], sum(reply.predicted_ms for reply in replies) / 1000, counts
+
+
+def greedy_acceptance(decoder: SpeculativeDecoder, prompt_ids: list[list[int]], max_new_tokens: int,
+                      gamma: int) -> float:
+    """The decoder's per-token acceptance, greedy, at a fixed gamma, over the prompts."""
+    metrics = [decoder.generate([ids], max_new_tokens, SamplingParams(temperature=0.0), GammaPolicy(gamma=gamma)).metrics
+               for ids in prompt_ids]
+    return sum(metrics, DecodeMetrics()).token_acceptance
 
 
 def token_acceptance(counts: SpecDecodeCounts) -> Optional[float]:
@@ -77,54 +87,9 @@ def format_check(check: VllmCheck) -> str:
         f"  rounds {check.rounds}, drafted {check.drafted}, accepted {check.accepted}, accepted per position "
         f"{check.accepted_per_position}",
         f"  alpha = accepted/drafted {check.alpha:.3f}; per-token acceptance = accepted/tested "
-        + ("-" if check.token_acceptance is None else f"{check.token_acceptance:.3f}"),
+        + ("-" if check.token_acceptance is None else f"{check.token_acceptance:.3f}")
+        + ("" if check.decoder_token_acceptance is None
+           else f" (this project's decoder, the same prompts: {check.decoder_token_acceptance:.3f})"),
         f"  greedy tokens with the draft equal the target alone's: {check.same_tokens_as_target_alone}",
         f"  tokens/s: target alone {check.target_tokens_per_s:.1f}, with the draft {check.draft_tokens_per_s:.1f} "
         f"({check.speedup:.2f}x; wall time per request, one at a time)"])
-
-
-def export_spec(export_dir: Path, python: Optional[str], gamma: Optional[int], enforce_eager: bool) -> VllmSpec:
-    """The target, draft, method and gamma of an export's vLLM command (export.json)."""
-    record_path = export_dir / "export.json"
-    if not record_path.is_file():
-        raise ConfigError(f"{export_dir} has no export.json: give the directory a `python -m train` export wrote")
-    flags = json.loads(record_path.read_text())["flags"]
-    draft, method = export_draft(export_dir)
-    return VllmSpec(target=flags["vllm"][2], draft=draft, method=method,
-                    gamma=gamma or flags["vllm_speculative_config"]["num_speculative_tokens"], python=python,
-                    enforce_eager=enforce_eager)
-
-
-def main(arguments: Optional[list[str]] = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m decode.export.vllm_check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("export_dir", type=Path)
-    parser.add_argument("--domain", default="code", help="whose held-out prompts (shipped) to serve")
-    parser.add_argument("--prompts", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=64)
-    parser.add_argument("--gamma", type=int, default=None, help="default: the export's num_speculative_tokens")
-    parser.add_argument("--python", default=None, help="vLLM's python; default $VLLM_PYTHON, else .venv-vllm")
-    parser.add_argument("--enforce-eager", action="store_true", help="no compiled graphs: faster start-up")
-    parser.add_argument("--log-dir", type=Path, default=None, help="default: EXPORT_DIR/../vllm_check")
-    options = parser.parse_args(arguments)
-    with exit_on_user_error():
-        from transformers import AutoTokenizer
-
-        from decode.pair import encode_chat
-        from distill.domains import domain_config
-        from eval.config import ReportConfig
-        from eval.report import prompts_by_domain
-
-        spec = export_spec(options.export_dir, options.python, options.gamma, options.enforce_eager)
-        tokenizer = AutoTokenizer.from_pretrained(spec.draft)
-        system = domain_config(options.domain).system_prompt
-        texts = prompts_by_domain(ReportConfig(domains=[options.domain], max_prompts=options.prompts))[options.domain]
-        prompt_ids = [encode_chat(tokenizer, text, system) for text in texts]
-        log_dir = options.log_dir or options.export_dir.resolve().parent / "vllm_check"
-        check = vllm_check(spec, prompt_ids, options.max_new_tokens, log_dir)
-        print(format_check(check))
-        if check.skipped:
-            raise SystemExit(3)
-
-
-if __name__ == "__main__":
-    main()

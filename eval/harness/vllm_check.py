@@ -1,0 +1,66 @@
+"""python -m eval.harness.vllm_check EXPORT_DIR [--domain code] [--prompts 4] [--max-new-tokens 64] [--gamma G]
+
+The engine check in vLLM on an export (decode/export/vllm_check.py): its draft/ served with the method and gamma
+of its export.json beside the target served alone, greedy, on the domain's first held-out prompts. Prints vLLM's
+own counters (rounds, drafted, accepted, accepted per draft position), alpha and per-token acceptance beside this
+project's decoder's on the same prompts, whether the draft changed any greedy token, and each server's tokens per
+second. Exits 3 where vLLM is not installed (make vllm), 4 where it refuses the draft or drafts nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Optional
+
+from decode.cli import exit_on_user_error
+from decode.errors import ConfigError
+from decode.export.vllm_check import format_check, vllm_check
+from decode.models import ModelSpec
+from decode.pair import load_pair
+from decode.serving.vllm_server import VllmSpec, export_draft
+from distill.domains import domain_config
+from eval.config import ReportConfig
+from eval.report import prompts_by_domain
+
+
+def export_spec(export_dir: Path, python: Optional[str], gamma: Optional[int], enforce_eager: bool) -> VllmSpec:
+    """The target, draft, method and gamma of an export's vLLM command (export.json)."""
+    record_path = export_dir / "export.json"
+    if not record_path.is_file():
+        raise ConfigError(f"{export_dir} has no export.json: give the directory a `python -m train` export wrote")
+    flags = json.loads(record_path.read_text())["flags"]
+    draft, method = export_draft(export_dir)
+    return VllmSpec(target=flags["vllm"][2], draft=draft, method=method,
+                    gamma=gamma or flags["vllm_speculative_config"]["num_speculative_tokens"], python=python,
+                    enforce_eager=enforce_eager)
+
+
+def main(arguments: Optional[list[str]] = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m eval.harness.vllm_check", description=__doc__.split("\n\n")[1])
+    parser.add_argument("export_dir", type=Path)
+    parser.add_argument("--domain", default="code", help="whose held-out prompts (shipped) to serve")
+    parser.add_argument("--prompts", type=int, default=4)
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--gamma", type=int, default=None, help="default: the export's num_speculative_tokens")
+    parser.add_argument("--python", default=None, help="vLLM's python; default $VLLM_PYTHON, else .venv-vllm")
+    parser.add_argument("--enforce-eager", action="store_true", help="no compiled graphs: faster start-up")
+    parser.add_argument("--log-dir", type=Path, default=None, help="default: EXPORT_DIR/../vllm_check")
+    options = parser.parse_args(arguments)
+    with exit_on_user_error():
+        spec = export_spec(options.export_dir, options.python, options.gamma, options.enforce_eager)
+        pair = load_pair(ModelSpec(path=spec.target, dtype="float32", device="cpu"),
+                         ModelSpec(path=str(options.export_dir), dtype="float32", device="cpu"))
+        system = domain_config(options.domain).system_prompt
+        texts = prompts_by_domain(ReportConfig(domains=[options.domain], max_prompts=options.prompts))[options.domain]
+        prompt_ids = pair.encode_chat(texts, system)
+        log_dir = options.log_dir or options.export_dir.resolve().parent / "vllm_check"
+        check = vllm_check(spec, prompt_ids, options.max_new_tokens, log_dir, pair.decoder())
+        print(format_check(check))
+        if check.skipped:
+            raise SystemExit(3)
+
+
+if __name__ == "__main__":
+    main()
