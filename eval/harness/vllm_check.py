@@ -19,7 +19,9 @@ from decode.errors import ConfigError
 from decode.export.vllm_check import format_check, vllm_check
 from decode.models import ModelSpec
 from decode.pair import load_pair
-from decode.serving.vllm_server import VllmSpec, export_draft
+from decode.records import VllmCheck
+from decode.serving.process import ServerError
+from decode.serving.vllm_server import VllmSpec, export_draft, find_python
 from distill.domains import domain_config
 from eval.config import ReportConfig
 from eval.report import prompts_by_domain
@@ -49,7 +51,14 @@ def main(arguments: Optional[list[str]] = None) -> None:
     parser.add_argument("--log-dir", type=Path, default=None, help="default: EXPORT_DIR/../vllm_check")
     options = parser.parse_args(arguments)
     with exit_on_user_error():
+        if options.prompts < 1 or options.max_new_tokens < 1 or (options.gamma is not None and options.gamma < 1):
+            raise ConfigError("--prompts, --max-new-tokens and --gamma must be >= 1")
         spec = export_spec(options.export_dir, options.python, options.gamma, options.enforce_eager)
+        try:  # before the models load: where vLLM is missing there is nothing to check
+            find_python(spec.python)
+        except ServerError as error:
+            print(format_check(VllmCheck(skipped=str(error))))
+            raise SystemExit(3) from None
         pair = load_pair(ModelSpec(path=spec.target, dtype="float32", device="cpu"),
                          ModelSpec(path=str(options.export_dir), dtype="float32", device="cpu"))
         system = domain_config(options.domain).system_prompt
