@@ -18,7 +18,7 @@ from __future__ import annotations
 from typing import Callable, Mapping
 
 DEFAULT_GAMMA = 3  # tokens drafted a round
-MIN_GAMMA = 2  # the range dynamic gamma moves in
+MIN_GAMMA = 1  # the range dynamic gamma moves in, and the recommended gamma is searched in
 MAX_GAMMA = 8  # ... and the gammas whose verify costs are measured
 # v(g) below this: a verify of g + 1 tokens ran faster than one AR step, so the AR step measured is slow
 MIN_VERIFY_COST = 0.95

@@ -4,8 +4,11 @@
     v(gamma) = one verify of gamma drafted tokens (a target forward of gamma + 1 tokens and the accept/reject
                step) / one AR step of the target
 
-Each step includes what the decoder does around the forward: the probabilities under the sampling
-settings and the draw (or, for a verify, the acceptance test and the resampled token). From a per-token
+Each step includes what the decoder does around the forward: the draw under the sampling settings (the draft's
+with its distribution q; for a verify, p at every position, the acceptance test and the resampled token). The
+steps run on real text where the caller gives some: after random tokens the target's distribution is flat, and
+its nucleus then costs a sort of the whole vocabulary that decoding text almost never pays (on the default
+target at top-p 0.9: 4 ms of a 25 ms step a row, against under 1 ms on text). From a per-token
 acceptance a, a round of gamma yields 1 + a + ... + a^gamma tokens at the cost of gamma * c + v(gamma)
 AR steps. A runner that runs its 1-token forward padded with a dummy token (decode/native.py, where that
 measured faster at load) is timed as it decodes: padded.
@@ -18,13 +21,14 @@ import statistics
 import time
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Sequence
 
 import torch
 
 from decode.cost_model import predicted_speedup
 from decode.records import StepCostFigures
 from decode.runner import CausalLMRunner
-from decode.sampling import SamplingParams, probs_from_logits, sample
+from decode.sampling import SamplingParams, probs_from_logits, sample, sample_from_logits
 from decode.speculative import SpeculativeDecoder, verify
 
 REPEATS = 5  # the eval's: a repetition of gamma 1..8 costs about 10 AR steps and the verifies
@@ -115,6 +119,11 @@ class _Timings:
         return statistics.median(self.ratios[key])
 
 
+def text_of(prompt_ids: Sequence[Sequence[int]]) -> list[int]:
+    """The prompts' tokens one after another: the real text measure_step_costs runs its steps on."""
+    return [token for ids in prompt_ids for token in ids]
+
+
 def _prefill(runner: CausalLMRunner, tokens: torch.Tensor, length: int, capacity: int) -> None:
     runner.reset(1, capacity)
     start = torch.zeros(1, dtype=torch.long, device=tokens.device)
@@ -123,8 +132,8 @@ def _prefill(runner: CausalLMRunner, tokens: torch.Tensor, length: int, capacity
 
 @torch.inference_mode()
 def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, context: int, max_gamma: int,
-                       repeats: int = REPEATS) -> StepCosts:
-    """Time the AR step, the draft step and verifies of gamma 1..max_gamma after `context` random tokens.
+                       repeats: int = REPEATS, text: Sequence[int] | None = None) -> StepCosts:
+    """Time the AR step, the draft step and verifies of gamma 1..max_gamma after `context` tokens.
 
     Each repetition times every step once, in an order shuffled per repetition, with an AR step before and
     after each (_Timings); the first repetition only warms up. c and v(gamma) are the medians of the steps'
@@ -132,7 +141,7 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
     and the verifies' times follow from the ratios), and `spread` holds the ratios' interquartile ranges.
     A repetition costs max_gamma + 2 AR steps besides the steps themselves. The token at position `context`
     is the pending one every step feeds, and tokens context + 1 .. context + gamma are the drafted ones a
-    verify tests.
+    verify tests. They are `text` (token ids, repeated as often as it takes) where given, else random tokens.
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
@@ -144,7 +153,11 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
     # a drafter that reads the target's states (EAGLE-3) has the target keep them, as when decoding
     target.capture_layers = drafter.capture_layers
     generator = torch.Generator(device=device).manual_seed(0)
-    tokens = torch.randint(0, target.vocab_size, (1, capacity), device=device, generator=generator)
+    if text:
+        tokens = torch.tensor(list(text), dtype=torch.long, device=device).repeat(-(-capacity // len(text)))
+        tokens = tokens[None, :capacity]
+    else:
+        tokens = torch.randint(0, target.vocab_size, (1, capacity), device=device, generator=generator)
     start = torch.tensor([context], device=device)
     shuffle = random.Random(0)
     try:
@@ -154,8 +167,12 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
         positions = torch.arange(context, context + max_gamma, device=device)[None]
         draft_probs = probs_from_logits(drafter.prefill_logits(tokens, context + max_gamma, positions), sampling)
 
-        def step(forward):
-            logits = forward(tokens[:, context: context + 1], start, context + 1)
+        def ar_step():  # as the decoder's autoregressive step: a draw, no distribution kept
+            logits = target.forward(tokens[:, context: context + 1], start, context + 1)
+            sample_from_logits(logits[:, -1], sampling, generator)
+
+        def draft_step():  # a draw from q, which the verify needs
+            logits = drafter.timed_step(tokens[:, context: context + 1], start, context + 1)
             sample(probs_from_logits(logits[:, -1], sampling), generator)
 
         def verify_step(gamma):
@@ -163,13 +180,13 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
             verify(tokens[:, context + 1: context + gamma + 1], draft_probs[:, :gamma],
                    probs_from_logits(logits, sampling), generator)
 
-        steps = {"draft": partial(step, drafter.timed_step),
+        steps = {"draft": draft_step,
                  **{gamma: partial(verify_step, gamma) for gamma in range(1, max_gamma + 1)}}
         timings = _Timings(device)
         for repeat in range(repeats + 1):
             order = list(steps)
             shuffle.shuffle(order)
-            timings.repetition(partial(step, target.forward), steps, order, counted=repeat > 0)
+            timings.repetition(ar_step, steps, order, counted=repeat > 0)
     finally:
         target.free()
         draft.free()

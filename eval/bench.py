@@ -45,7 +45,7 @@ from decode.pair import ModelPair, load_pair
 from decode.sampling import SamplingParams
 from decode.serving.llama_server import Completion, LlamaServer, ServerError, ServerSpec, find_binary
 from decode.speculative import GammaPolicy
-from decode.step_costs import measure_step_costs, synchronize
+from decode.step_costs import measure_step_costs, synchronize, text_of
 from distill.data import load_prompts
 
 log = logging.getLogger(__name__)
@@ -148,12 +148,12 @@ def llama_cpp_unavailable(target: ModelSpec) -> tuple[str | None, str | None]:
     return str(path), None
 
 
-def step_costs(cfg: BenchConfig, decoder, sampling: SamplingParams) -> dict:
+def step_costs(cfg: BenchConfig, decoder, sampling: SamplingParams, text: list[int]) -> dict:
     """c at a short and a long context and v(gamma) at both (the long one is the figure), under the sampling
-    of the first temperature benchmarked, and the route each runner took."""
+    of the first temperature benchmarked, on the prompts' text, and the route each runner took."""
     contexts = [cfg.short_context, cfg.cost_context]
     costs = {str(context): measure_step_costs(decoder, sampling, context, cfg.max_cost_gamma,
-                                              COST_REPEATS).figures().to_json() for context in contexts}
+                                              COST_REPEATS, text).figures().to_json() for context in contexts}
     runners = (("target", decoder.target), ("draft", decoder.draft))
     return {"cost_context": cfg.cost_context, "step_costs": costs,
             "skinny_route": {name: runner.skinny_route.summary() if isinstance(runner, NativeLlamaRunner) else None
@@ -259,7 +259,8 @@ def run_benchmark(cfg: BenchConfig, pair: ModelPair, prompt_ids: list[list[int]]
     report = {"device": str(device), "dtype": str(next(pair.target.parameters()).dtype).replace("torch.", ""),
               "prompts": len(prompt_ids), "max_new_tokens": cfg.max_new_tokens, "gamma": fixed.gamma,
               "dynamic_gamma": [dynamic.min_gamma, dynamic.max_gamma],
-              **step_costs(cfg, decoder, cfg.decode.sampling(cfg.temperatures[0])), "skipped": {},
+              **step_costs(cfg, decoder, cfg.decode.sampling(cfg.temperatures[0]), text_of(prompt_ids)),
+              "skipped": {},
               "by_temperature": {}}
     log.info("%s", format_costs(report))
     with contextlib.ExitStack() as stack:

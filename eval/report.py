@@ -28,7 +28,7 @@ from decode.models import ModelSpec
 from decode.pair import ModelPair, check_pair, load_draft, load_pair
 from decode.records import AcceptanceFigures
 from distill.data import load_domain_prompts, read_prompts_by_domain, shipped_domains
-from decode.step_costs import StepCosts, measure_step_costs
+from decode.step_costs import StepCosts, measure_step_costs, text_of
 from distill.domains import domain_config
 from eval.acceptance import Decodes, baseline_is_off, decode_batches, figures
 from eval.baselines import measure_ar_baselines
@@ -245,7 +245,8 @@ def evaluate(pair_config: PairConfig, decode: DecodeConfig, settings: ReportConf
     warm_up(pair, drafts, every_prompt[0], decode)
     context = int(np.median([len(ids) for ids in every_prompt])) + settings.max_new_tokens // 2
     step_costs = {draft.label: measure_step_costs(pair.decoder(draft.model), decode.sampling(), context,
-                                                  decode.max_gamma) for draft in drafts} if settings.step_costs else {}
+                                                  decode.max_gamma, text=text_of(every_prompt))
+                  for draft in drafts} if settings.step_costs else {}
     decodes = {domain: decode_domain(pair, drafts, ids, settings, decode, seed, domain)
                for domain, ids in prompt_ids.items()}
     baselines = measure_ar_baselines(pair, pair_config.target, prompt_ids, settings, decode, seed) \

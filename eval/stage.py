@@ -25,7 +25,7 @@ from decode.engine_rules import engine_figures
 from decode.files import write_json
 from decode.records import AcceptanceFigures
 from decode.results import EvalResult
-from decode.step_costs import measure_step_costs
+from decode.step_costs import measure_step_costs, text_of
 from eval.acceptance import baseline_is_off, decode_batches, figures
 from eval.config import EvalConfig
 
@@ -62,7 +62,7 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     decoder = ctx.pair.decoder(ctx.load_trained_draft())
     # the step costs at a typical context of the eval: a prompt and half its answer
     context = int(statistics.median(len(ids) for ids in prompt_ids)) + settings.max_new_tokens // 2
-    costs = measure_step_costs(decoder, sampling, context, decode.max_gamma)
+    costs = measure_step_costs(decoder, sampling, context, decode.max_gamma, text=text_of(prompt_ids))
     after = measure(decoder, "trained draft", prompt_ids, settings.batch_size, False, policy, costs)
     # context copies are this decoder's own: vLLM, SGLang and llama.cpp serve the draft alone, so what the engines
     # are told (llama.cpp's gamma and predicted speedup) comes from the draft measured without them

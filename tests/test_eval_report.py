@@ -179,7 +179,7 @@ def test_the_command_writes_the_report_files_and_prints_their_directory_last(tmp
     assert list(report["domains"]) == ["chat", "math"] and "drafts" not in report
     ar_tokens = [figures["ar_counts"]["tokens"] for figures in report["domains"].values()]
     assert report["overall"]["ar_counts"]["tokens"] == sum(ar_tokens) > 0
-    assert report["overall"]["speedup"] > 0 and report["overall"]["recommended_gamma"] in range(2, 9)
+    assert report["overall"]["speedup"] > 0 and report["overall"]["recommended_gamma"] in range(1, 9)
     markdown = (tmp_path / "report.md").read_text()
     for domain in ("chat", "math"):  # a domain flagged for its speedup says so in its row
         assert re.search(rf"\| {domain}( \(flagged\))? \| 2 \|", markdown), domain

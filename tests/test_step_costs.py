@@ -13,7 +13,7 @@ class CountingRunner:
     """A runner wrapper that records the length and start of every forward and whether a cache is held."""
 
     def __init__(self, runner):
-        self.runner, self.forwards, self.held = runner, [], False
+        self.runner, self.forwards, self.held, self.tokens = runner, [], False, []
         self.vocab_size, self.device, self.dtype = runner.vocab_size, runner.device, runner.dtype
 
     def reset(self, batch_size, max_len):
@@ -22,6 +22,7 @@ class CountingRunner:
 
     def forward(self, tokens, start, kv_len, logits_at=None):
         self.forwards.append((tokens.shape[1], int(start[0])))
+        self.tokens.append(tokens[0].tolist())
         return self.runner.forward(tokens, start, kv_len, logits_at)
 
     def free(self):
@@ -56,6 +57,16 @@ def test_every_step_is_timed_after_the_context_and_the_caches_are_freed(decoder,
     assert set(data["v"]) == {"1", "2", "3", "4"} and data["c"] == pytest.approx(costs.c) and data["repeats"] == 2
     assert all(low <= data["v"][gamma] <= high for gamma, (low, high) in data["v_spread"].items())
     assert data["c_spread"][0] <= data["c"] <= data["c_spread"][1]
+
+
+def test_the_steps_run_on_the_text_given(decoder):
+    text = [5, 9, 11, 3, 7]
+    measure_step_costs(decoder, SamplingParams(temperature=0.8, top_p=0.9), context=12, max_gamma=3, repeats=1,
+                       text=text)
+    repeated = (text * 4)[:16]  # the context, the pending token and 3 drafted ones
+    assert decoder.target.tokens[0] == repeated[:12]
+    assert max(decoder.target.tokens[1:], key=len) == repeated[12:16]
+    assert decoder.draft.tokens[1] == [repeated[12]]
 
 
 def test_ratios_and_the_predicted_speedup_from_hand_computed_costs():
