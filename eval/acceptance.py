@@ -19,7 +19,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from decode.acceptance_rules import RULES
-from decode.cost_model import MAX_GAMMA, MIN_VERIFY_COST, best_gamma, expected_tokens_per_round, round_cost
+from decode.cost_model import MAX_GAMMA, best_gamma, expected_tokens_per_round, round_cost, verify_cheaper_than_ar
 from decode.metrics import DecodeMetrics
 from decode.records import AcceptanceFigures, RuleFigures
 from decode.sampling import SamplingParams
@@ -128,7 +128,7 @@ def baseline_flags(result: AcceptanceFigures) -> list[str]:
     acceptance's interval: the baseline is handicapped); or below it (overhead outside the model steps)."""
     flags = []
     gamma, v = result.gamma, result.v
-    if v < MIN_VERIFY_COST:
+    if verify_cheaper_than_ar(gamma, v):
         flags.append(f"a verify of {gamma + 1} tokens cost {v:.2f} of one AR step: the AR baseline is slow on "
                      f"this machine, so the speedup over it is inflated")
     interval = result.speedup_interval
@@ -151,7 +151,7 @@ def baseline_is_off(result: AcceptanceFigures) -> bool:
     """Whether the speedup over AR is inflated (not merely short of its prediction): a verify cheaper than an AR
     step, or a measured speedup whose interval lies above the prediction's."""
     v, interval = result.v, result.speedup_interval
-    slow_ar = v is not None and v < MIN_VERIFY_COST
+    slow_ar = v is not None and verify_cheaper_than_ar(result.gamma, v)
     if slow_ar or interval is None or result.predicted_speedup is None:
         return slow_ar
     return interval[0] > prediction_bounds(result)[1]

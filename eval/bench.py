@@ -37,7 +37,7 @@ from transformers import GenerationConfig
 
 from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
 from decode.config import DecodeConfig, PairConfig
-from decode.cost_model import MAX_GAMMA, MIN_VERIFY_COST
+from decode.cost_model import MAX_GAMMA, MIN_VERIFY_COST, MIN_VERIFY_COST_GAMMA_1, verify_cheaper_than_ar
 from decode.errors import ConfigError, SpecdraftError
 from decode.models import ModelSpec, gguf_path
 from decode.native import NativeLlamaRunner
@@ -303,7 +303,7 @@ def _cell(row: dict, key: str, spec: str) -> str:
 
 
 def slow_ar_gammas(v: dict[str, float]) -> list[int]:
-    return [int(gamma) for gamma, value in v.items() if value < MIN_VERIFY_COST]
+    return [int(gamma) for gamma, value in v.items() if verify_cheaper_than_ar(int(gamma), value)]
 
 
 def format_costs(report: dict) -> str:
@@ -324,7 +324,8 @@ def format_costs(report: dict) -> str:
         if slow:
             noisy = [gamma for gamma in slow if c.get("v_spread", {}).get(str(gamma), (0, 0))[1] >= 1]
             lines.append(f"WARNING: at {context} tokens a verify of gamma + 1 tokens cost less than "
-                         f"{MIN_VERIFY_COST:.0%} of one AR step for gamma {', '.join(map(str, slow))}: the AR path "
+                         f"{MIN_VERIFY_COST:.0%} of one AR step ({MIN_VERIFY_COST_GAMMA_1:.0%} for gamma 1) for gamma "
+                         f"{', '.join(map(str, slow))}: the AR path "
                          f"is slow on this machine (route its 1-token forward), and speedups over it are inflated" +
                          (f"; for gamma {', '.join(map(str, noisy))} the interquartile range reaches 1, so other work "
                           f"on the machine may be what this measured: rerun on a quiet machine" if noisy else ""))

@@ -55,9 +55,12 @@ def test_the_report_carries_step_costs_v_of_gamma_and_the_route_decision():
 def test_a_verify_cheaper_than_an_ar_step_is_called_out():
     report = {"cost_context": 512, "route": {"target": "1: padded"},
               "step_costs": {"512": {"target_step_ms": 50.0, "draft_step_ms": 10.0, "c": 0.2,
-                                     "v": {"1": 0.92, "2": 1.11, "3": 0.94}}}}
-    assert "verify of gamma + 1 tokens cost less than 95% of one AR step for gamma 1, 3: the AR path is slow" \
-        in format_costs(report)
+                                     "v": {"1": 0.82, "2": 1.11, "3": 0.94}}}}
+    assert "verify of gamma + 1 tokens cost less than 95% of one AR step (85% for gamma 1) for gamma 1, 3: the AR " \
+           "path is slow" in format_costs(report)
+    # a verify of 2 tokens is the AR step's own pass over the weights: v(1) a little under 1 is timing noise
+    report["step_costs"]["512"]["v"]["1"] = 0.92
+    assert "for gamma 3: the AR path is slow" in format_costs(report)
     report["step_costs"]["512"]["v"] = {"1": 1.02, "2": 1.11, "3": 1.2}
     assert "AR path is slow" not in format_costs(report)
     report["step_costs"]["512"].update(repeats=9, v_spread={"1": [0.97, 1.04], "2": [1.1, 1.12], "3": [1.15, 1.3]})
@@ -66,12 +69,12 @@ def test_a_verify_cheaper_than_an_ar_step_is_called_out():
     assert "step cost at 512 tokens: target 50.0 ms (49.0-52.5), draft 10.0 ms, c = 0.200 (0.190-0.210)" \
         in format_costs(report)
     # a figure under 0.95 whose interquartile range reaches 1: the load may be what was measured
-    report["step_costs"]["512"]["v"]["1"], report["step_costs"]["512"]["v_spread"]["1"] = 0.93, [0.85, 1.04]
-    assert "for gamma 1 the interquartile range reaches 1, so other work on the machine may be what this measured" \
+    report["step_costs"]["512"]["v"]["3"], report["step_costs"]["512"]["v_spread"]["3"] = 0.93, [0.85, 1.04]
+    assert "for gamma 3 the interquartile range reaches 1, so other work on the machine may be what this measured" \
         in format_costs(report)
     # at any context timed, not only the long one
-    report["step_costs"]["32"] = {"target_step_ms": 50.0, "draft_step_ms": 10.0, "c": 0.2, "v": {"1": 0.94}}
-    assert "at 32 tokens a verify of gamma + 1 tokens cost less than 95% of one AR step for gamma 1" \
+    report["step_costs"]["32"] = {"target_step_ms": 50.0, "draft_step_ms": 10.0, "c": 0.2, "v": {"2": 0.94}}
+    assert "at 32 tokens a verify of gamma + 1 tokens cost less than 95% of one AR step (85% for gamma 1) for gamma 2" \
         in format_costs(report)
 
 

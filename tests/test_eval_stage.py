@@ -168,6 +168,10 @@ def test_a_speedup_its_step_costs_cannot_explain_is_flagged_not_recommended():
     uncertain = replace(inflated, token_acceptance_interval=[0.2, 0.9])
     assert baseline_flags(uncertain) == [] and not baseline_is_off(uncertain)
     assert baseline_is_off(replace(inflated, token_acceptance_interval=[0.35, 0.45]))
+    # at gamma 1 a verify is the AR step's own pass over the weights: v a little under 1 is noise, 0.8 is not
+    at_gamma_1 = replace(fair, gamma=1, v=0.92, predicted_speedup=1.25, speedup=1.22, speedup_interval=[1.17, 1.26])
+    assert baseline_flags(at_gamma_1) == [] and not baseline_is_off(at_gamma_1)
+    assert baseline_is_off(replace(at_gamma_1, v=0.8))
 
 
 def test_intervals_over_prompts_see_the_spread_inside_a_batch():
