@@ -10,7 +10,8 @@ target, 1 + a + ... + a^g = (1 - a^(g+1)) / (1 - a) tokens, at a cost of g c + v
     predicted speedup = (1 + a + ... + a^g) / (g c + v(g))
 
 (Leviathan et al. 2023, with v(g) = 1 there). The recommended gamma maximises it; the break-even acceptance is
-the a at which it is 1.
+the a at which it is 1. A parallel draft (decode/kinds/parallel/) proposes the whole round in one forward: its
+round costs c + v(g), with c that forward.
 """
 
 from __future__ import annotations
@@ -44,20 +45,23 @@ def expected_alpha(token_acceptance: float, gamma: int) -> float:
     return (expected_tokens_per_round(token_acceptance, gamma) - 1) / gamma
 
 
-def round_cost(draft_cost: float, verify_cost: float, drafted: float) -> float:
-    """A round's cost in AR steps: `drafted` draft steps (draft_cost each) and one verify (verify_cost)."""
-    return drafted * draft_cost + verify_cost
+def round_cost(draft_cost: float, verify_cost: float, drafted: float, parallel: bool = False) -> float:
+    """A round's cost in AR steps: `drafted` draft steps (draft_cost each), or one for a parallel draft, and one
+    verify (verify_cost)."""
+    return (1 if parallel else drafted) * draft_cost + verify_cost
 
 
-def predicted_speedup(token_acceptance: float, gamma: int, draft_cost: float, verify_cost: float) -> float:
+def predicted_speedup(token_acceptance: float, gamma: int, draft_cost: float, verify_cost: float,
+                      parallel: bool = False) -> float:
     """Tokens per round over the round's cost in AR steps: the speedup over the target alone."""
-    return expected_tokens_per_round(token_acceptance, gamma) / round_cost(draft_cost, verify_cost, gamma)
+    return expected_tokens_per_round(token_acceptance, gamma) / round_cost(draft_cost, verify_cost, gamma, parallel)
 
 
-def best_gamma(token_acceptance: float, draft_cost: float, verify_costs: Mapping[int, float]) -> int:
+def best_gamma(token_acceptance: float, draft_cost: float, verify_costs: Mapping[int, float],
+               parallel: bool = False) -> int:
     """The gamma among verify_costs' (gamma -> v(gamma)) with the highest predicted speedup; the first on a tie."""
     return max(verify_costs, key=lambda gamma: predicted_speedup(token_acceptance, gamma, draft_cost,
-                                                                 verify_costs[gamma]))
+                                                                 verify_costs[gamma], parallel))
 
 
 def increasing_root(f: Callable[[float], float], target: float) -> float:

@@ -19,6 +19,9 @@ class Drafter(abc.ABC):
 
     # the target layers whose input states the drafter reads: the target keeps them only when asked
     capture_layers: tuple[int, ...] = ()
+    # True: one draft forward proposes a whole round (its cost does not grow with gamma); False: one per token
+    parallel = False
+    timed_tokens = 1  # the tokens its timed step feeds (decode/step_costs.py)
 
     def __init__(self, runner):
         self.runner = runner
@@ -43,7 +46,8 @@ class Drafter(abc.ABC):
 
     @abc.abstractmethod
     def timed_step(self, tokens: torch.Tensor, start: torch.Tensor, kv_len: int) -> torch.Tensor:
-        """One draft step's logits [1, 1, V] for tokens [1, 1] at position `start`, as the decoder runs it."""
+        """One draft step's logits [1, K, V] for tokens [1, 1] at position `start`, as the decoder runs it (K: the
+        tokens the step proposes)."""
 
 
 def sample_steps(first_logits: torch.Tensor, gamma: int, sampling: SamplingParams, generator, next_logits,

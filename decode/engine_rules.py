@@ -8,7 +8,8 @@
 
 The eval measures each rule's per-token acceptance a at the positions its own decode tested (the sampled rule's
 contexts; a greedy draft would have drafted along its own path) and predicts an engine's speed with the same
-geometric cost model as the decoder's (decode/cost_model.py): positions independent, each accepted with a.
+geometric cost model as the decoder's (decode/cost_model.py): positions independent, each accepted with a. A
+parallel draft's round is one forward in vLLM (parallel_drafting); SGLang and llama.cpp run it token by token.
 """
 
 from __future__ import annotations
@@ -21,18 +22,21 @@ from decode.records import AcceptanceFigures, EngineFigures
 
 ENGINE_RULES = {"vllm": "greedy", "sglang": "greedy", "llama_cpp": "greedy"}
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llama_cpp": "llama.cpp"}
+PARALLEL_ENGINES = ("vllm",)  # the engines that draft a parallel draft's round in one forward
 
 
 def engine_figures(acceptance: AcceptanceFigures, draft_cost: float, verify_costs: Mapping[int, float],
-                   step_costs: str = "decoder") -> dict[str, EngineFigures]:
-    """Every engine's figures from one eval pass and one set of step costs (c, v(gamma) for gamma = 1, 2, ...)."""
-    figures = {engine: rule_engine_figures(engine, acceptance, draft_cost, verify_costs, step_costs)
+                   step_costs: str = "decoder", parallel: bool = False) -> dict[str, EngineFigures]:
+    """Every engine's figures from one eval pass and one set of step costs (c, v(gamma) for gamma = 1, 2, ...);
+    parallel: a parallel draft, c the forward of its round."""
+    figures = {engine: rule_engine_figures(engine, acceptance, draft_cost, verify_costs, step_costs,
+                                           parallel and engine in PARALLEL_ENGINES)
                for engine in ENGINE_RULES if engine != "llama_cpp"}
     return {**figures, "llama_cpp": llama_cpp_figures(acceptance, draft_cost, verify_costs, step_costs)}
 
 
 def rule_engine_figures(engine: str, acceptance: AcceptanceFigures, draft_cost: float,
-                        verify_costs: Mapping[int, float], step_costs: str) -> EngineFigures:
+                        verify_costs: Mapping[int, float], step_costs: str, parallel: bool = False) -> EngineFigures:
     """The engine's rule's per-token acceptance, the gamma with the highest predicted speedup, and that speedup."""
     rule = ENGINE_RULES[engine]
     figures = acceptance.rules.get(rule)
@@ -41,9 +45,9 @@ def rule_engine_figures(engine: str, acceptance: AcceptanceFigures, draft_cost: 
         return result
     result.token_acceptance, result.token_acceptance_interval = (figures.token_acceptance,
                                                                  figures.token_acceptance_interval)
-    result.gamma = best_gamma(figures.token_acceptance, draft_cost, verify_costs)
+    result.gamma = best_gamma(figures.token_acceptance, draft_cost, verify_costs, parallel)
     result.predicted_speedup = predicted_speedup(figures.token_acceptance, result.gamma, draft_cost,
-                                                 verify_costs[result.gamma])
+                                                 verify_costs[result.gamma], parallel)
     return result
 
 

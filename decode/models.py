@@ -47,9 +47,12 @@ class ModelSpec:
     fresh: dict | None = None  # draft only: a new model, the target's config with these changes
     backend: str = "auto"  # auto: native for Llama-family models, transformers otherwise
     # draft only, a name in decode/kinds/registry.py: causal_lm (a model of its own) | eagle3 (a head over the
-    # target's hidden states)
+    # target's hidden states) | parallel (a model of its own proposing a whole round in one forward)
     kind: str = "causal_lm"
     capture_layers: Optional[List[int]] = None  # eagle3: the 3 target layers read; None: [2, N // 2, N - 3]
+    # parallel: the token id the draft reads where it drafts ahead; None: the draft's own, else a special token
+    # chat text never holds (decode/kinds/parallel/mask_token.py)
+    mask_token: Optional[int] = None
     revision: str | None = None
     trust_remote_code: bool = False
 

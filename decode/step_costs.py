@@ -1,6 +1,6 @@
 """The step costs speculation depends on, measured on the decoder's own runners.
 
-    c        = one draft step / one AR step of the target
+    c        = one draft step / one AR step of the target (a parallel draft's: the forward of a whole round)
     v(gamma) = one verify of gamma drafted tokens (a target forward of gamma + 1 tokens and the accept/reject
                step) / one AR step of the target
 
@@ -44,6 +44,7 @@ class StepCosts:
     # AR step's seconds ("target": a wide one says the machine was busy)
     spread: dict[object, tuple[float, float]] = field(default_factory=dict)
     repeats: int = 0  # timed repetitions behind the figures (0: not measured here)
+    parallel: bool = False  # the draft step proposes a whole round (decode/drafting.py Drafter.parallel)
 
     @property
     def c(self) -> float:
@@ -53,13 +54,13 @@ class StepCosts:
         return self.verify_s[gamma] / self.target_step_s
 
     def predicted_speedup(self, token_acceptance: float, gamma: int) -> float:
-        return predicted_speedup(token_acceptance, gamma, self.c, self.v(gamma))
+        return predicted_speedup(token_acceptance, gamma, self.c, self.v(gamma), self.parallel)
 
     def figures(self) -> StepCostFigures:
         """The record the eval, the export and the reports keep: milliseconds, and ratios to the AR step."""
         figures = StepCostFigures(context=self.context, target_step_ms=1000 * self.target_step_s,
                                   draft_step_ms=1000 * self.draft_step_s, c=self.c,
-                                  v={gamma: self.v(gamma) for gamma in sorted(self.verify_s)})
+                                  v={gamma: self.v(gamma) for gamma in sorted(self.verify_s)}, parallel=self.parallel)
         if self.spread:
             figures.repeats = self.repeats
             figures.target_step_ms_spread = [1000 * s for s in self.spread["target"]]
@@ -148,8 +149,8 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
     target, draft, device = decoder.target, decoder.draft, decoder.device
     if draft is None:
         raise ValueError("step costs need a draft model")
-    capacity = context + max_gamma + 1
     drafter = decoder.new_drafter(draft)  # the draft's kind says how a draft step runs
+    capacity = context + max(max_gamma, drafter.timed_tokens) + 1
     # a drafter that reads the target's states (EAGLE-3) has the target keep them, as when decoding
     target.capture_layers = drafter.capture_layers
     generator = torch.Generator(device=device).manual_seed(0)
@@ -171,9 +172,9 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
             logits = target.forward(tokens[:, context: context + 1], start, context + 1)
             sample_from_logits(logits[:, -1], sampling, generator)
 
-        def draft_step():  # a draw from q, which the verify needs
+        def draft_step():  # a draw from each q it gives, which the verify needs
             logits = drafter.timed_step(tokens[:, context: context + 1], start, context + 1)
-            sample(probs_from_logits(logits[:, -1], sampling), generator)
+            sample(probs_from_logits(logits, sampling), generator)
 
         def verify_step(gamma):
             logits = target.forward(tokens[:, context: context + gamma + 1], start, context + gamma + 1)
@@ -197,4 +198,4 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
                      spread={"target": interquartile(timings.ar_seconds),
                              **{"c" if key == "draft" else key: interquartile(ratios)
                                 for key, ratios in timings.ratios.items()}},
-                     repeats=repeats)
+                     repeats=repeats, parallel=drafter.parallel)

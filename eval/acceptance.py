@@ -211,4 +211,5 @@ def recommended_gamma(token_acceptance: float, step_costs: StepCosts, min_gamma:
     measured = [gamma for gamma in range(min_gamma, max_gamma + 1) if gamma in step_costs.verify_s]
     if not measured:
         raise ValueError(f"the step costs hold no verify cost for gamma {min_gamma}..{max_gamma}")
-    return best_gamma(token_acceptance, step_costs.c, {gamma: step_costs.v(gamma) for gamma in measured})
+    return best_gamma(token_acceptance, step_costs.c, {gamma: step_costs.v(gamma) for gamma in measured},
+                      step_costs.parallel)

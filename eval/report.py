@@ -196,7 +196,8 @@ def build_report(pair_config: PairConfig, decode: DecodeConfig, settings: Report
         result = acceptance.to_json()
         costs = step_costs.get(label)
         if costs is not None:  # each engine under its own drafting rule (decode/engine_rules.py)
-            engines = engine_figures(acceptance, costs.c, {gamma: costs.v(gamma) for gamma in sorted(costs.verify_s)})
+            engines = engine_figures(acceptance, costs.c, {gamma: costs.v(gamma) for gamma in sorted(costs.verify_s)},
+                                     parallel=costs.parallel)
             result["engines"] = {engine: figures.to_json() for engine, figures in engines.items()}
         measured = baselines.get(domain) if domain else None
         if measured and result["speedup"] is not None:

@@ -72,7 +72,8 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     result = EvalResult(draft_fingerprint=draft_fingerprint, prompts=len(prompt_ids), gamma=policy.gamma,
                         before=before, after=after, step_costs=step_costs,
                         recommended_gamma=after.recommended_gamma, speed=None, draft_alone=alone,
-                        engines=engine_figures(alone or after, step_costs.c, step_costs.v))
+                        engines=engine_figures(alone or after, step_costs.c, step_costs.v,
+                                               parallel=step_costs.parallel))
     ctx.tracker.log({"eval/alpha_before": before.alpha, "eval/alpha_after": after.alpha,
                      "eval/token_acceptance_after": after.token_acceptance,
                      **({"eval/token_acceptance_draft_alone": alone.token_acceptance} if alone else {})}, step=0)

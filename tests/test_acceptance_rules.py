@@ -148,6 +148,12 @@ def test_one_eval_pass_gives_every_rule_per_position_with_intervals_and_each_eng
     assert engines["vllm"].predicted_speedup == pytest.approx(
         predicted_speedup(engines["vllm"].token_acceptance, engines["vllm"].gamma, 0.2,
                           {1: 1.05, 2: 1.1, 3: 1.2}[engines["vllm"].gamma]))
+    # a parallel draft: vLLM drafts its round in one forward, SGLang and llama.cpp token by token
+    parallel = engine_figures(result, 0.2, {1: 1.05, 2: 1.1, 3: 1.2}, parallel=True)
+    assert parallel["vllm"].predicted_speedup == pytest.approx(
+        predicted_speedup(parallel["vllm"].token_acceptance, parallel["vllm"].gamma, 0.2,
+                          {1: 1.05, 2: 1.1, 3: 1.2}[parallel["vllm"].gamma], parallel=True))
+    assert parallel["sglang"] == engines["sglang"] and parallel["llama_cpp"] == engines["llama_cpp"]
 
     greedy = decoder.generate(prompts, 24, SamplingParams(temperature=0), GammaPolicy(gamma=3)).metrics
     at_zero = figures([greedy], [], 3, None)

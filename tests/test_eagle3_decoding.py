@@ -17,11 +17,12 @@ from decode.native import NativeLlamaRunner
 from decode.speculative import GammaPolicy, SpeculativeDecoder
 from decode.sampling import SamplingParams, probs_from_logits
 from decode.tiny import tiny_llama
-from tests.test_speculative_exactness import (MIXED_PROMPTS, NEW_TOKENS, PROMPT, RULES, SETTINGS, VOCAB,
-                                              chi_square_p_value, exact_distribution, expect_the_rule, one_thread)
+from tests.test_speculative_exactness import (MIXED_PROMPTS, NEW_TOKENS, PROMPT, SETTINGS, VOCAB, chi_square_p_value,
+                                              decoder_p_value, dynamic_gamma_p_value, exact_distribution, expect_the_rule,
+                                              mixed_lengths_p_value, one_thread, rule)
 
 CAPTURE_LAYERS = [0, 1, 3]
-SAMPLES, DYNAMIC_SAMPLES = 12_000, 2_000
+SAMPLES = 12_000
 
 
 @pytest.fixture(scope="module")
@@ -43,31 +44,18 @@ def decoder_for(target, head, eos=()):
                               drafter=Eagle3Drafter)
 
 
-@pytest.fixture(params=list(RULES))
-def rule(request, monkeypatch):
-    import decode.speculative as speculative
-
-    monkeypatch.setattr(speculative, "acceptance_mask", RULES[request.param])
-    return request.param
-
-
 @pytest.mark.parametrize("gamma", [2, 3])
 def test_eagle3_drafting_keeps_the_target_distribution(target, rule, gamma):
-    sampling = SETTINGS["temperature 1"]
-    with one_thread():
-        result = decoder_for(target, head_for(target)).generate([PROMPT] * SAMPLES, NEW_TOKENS, sampling,
-                                                                GammaPolicy(gamma=gamma), seed=gamma)
+    p_value, alpha = decoder_p_value(decoder_for(target, head_for(target)), target, SETTINGS["temperature 1"],
+                                     GammaPolicy(gamma=gamma), seed=gamma, samples=SAMPLES)
     if rule == "min(1, p/q)":
-        assert 0.2 < result.metrics.alpha < 0.9, "the test needs both acceptances and rejections"
-    expect_the_rule(rule, chi_square_p_value(result.tokens, exact_distribution(target, sampling)))
+        assert 0.2 < alpha < 0.9, "the test needs both acceptances and rejections"
+    expect_the_rule(rule, p_value)
 
 
-def test_eagle3_with_top_p_keeps_the_target_distribution(target):
-    sampling = SETTINGS["temperature 0.7 top-p 0.9"]
-    with one_thread():
-        result = decoder_for(target, head_for(target)).generate([PROMPT] * SAMPLES, NEW_TOKENS, sampling,
-                                                                GammaPolicy(gamma=3), seed=5)
-    assert chi_square_p_value(result.tokens, exact_distribution(target, sampling)) > 1e-3
+def test_eagle3_drafting_with_top_p_keeps_the_target_distribution(target):
+    assert decoder_p_value(decoder_for(target, head_for(target)), target, SETTINGS["temperature 0.7 top-p 0.9"],
+                           GammaPolicy(gamma=3), seed=5, samples=SAMPLES)[0] > 1e-3
 
 
 def test_eagle3_with_context_copies_keeps_the_target_distribution(target, rule):
@@ -81,31 +69,14 @@ def test_eagle3_with_context_copies_keeps_the_target_distribution(target, rule):
 
 
 def test_eagle3_with_dynamic_gamma_keeps_the_distribution(target):
-    """Rows decoded 1 to 12 at a time, so that gamma both grows and shrinks."""
-    decoder, sampling = decoder_for(target, head_for(target)), SETTINGS["temperature 1"]
-    policy = GammaPolicy(gamma=2, dynamic=True, min_gamma=1, max_gamma=3)
-    sequences, rounds_per_gamma, call = [], [0, 0, 0, 0], 0
-    with one_thread():
-        while len(sequences) < DYNAMIC_SAMPLES:
-            result = decoder.generate([PROMPT] * (1 + call % 12), 5, sampling, policy, seed=call)
-            sequences += result.tokens
-            rounds_per_gamma = [a + b for a, b in zip(rounds_per_gamma, result.metrics.rounds_per_gamma)]
-            call += 1
+    p_value, rounds_per_gamma = dynamic_gamma_p_value(decoder_for(target, head_for(target)), target)
     assert all(rounds_per_gamma[1:]), f"gamma did not move: {rounds_per_gamma}"
-    assert chi_square_p_value(sequences, exact_distribution(target, sampling, 5)) > 1e-3
+    assert p_value > 1e-3
 
 
 def test_eagle3_on_prompts_of_mixed_lengths_in_one_batch_keeps_each_distribution(target, rule):
-    sampling = SETTINGS["temperature 1"]
-    prompts = [MIXED_PROMPTS[row % len(MIXED_PROMPTS)] for row in range(6_000)]
-    with one_thread():
-        result = decoder_for(target, head_for(target)).generate(prompts, NEW_TOKENS, sampling, GammaPolicy(gamma=3),
-                                                                seed=4)
-    outcomes = [(row % len(MIXED_PROMPTS), *tokens) for row, tokens in enumerate(result.tokens)]
-    exact = {(index, *sequence): probability / len(MIXED_PROMPTS)
-             for index, prompt in enumerate(MIXED_PROMPTS)
-             for sequence, probability in exact_distribution(target, sampling, prompt=prompt).items()}
-    expect_the_rule(rule, chi_square_p_value(outcomes, exact, ddof=len(MIXED_PROMPTS) - 1))
+    expect_the_rule(rule, mixed_lengths_p_value(decoder_for(target, head_for(target)), target, GammaPolicy(gamma=3),
+                                                seed=4))
 
 
 def test_a_pruned_eagle3_vocabulary_keeps_the_distribution(target):

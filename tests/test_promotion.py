@@ -1,5 +1,6 @@
 """Retraining on recent traffic, the challenger-against-champion gate, and promotion to serving."""
 
+import copy
 import json
 import sys
 from dataclasses import replace
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 from decode.kinds.eagle3.head import new_head, save_head_files
+from decode.kinds.parallel.mask_token import make_parallel
 from decode.config import PairConfig
 from decode.errors import ConfigError
 from decode.files import point_symlink
@@ -198,14 +200,18 @@ def save_export(model, tokenizer, directory: Path) -> Path:
 @pytest.fixture(scope="module")
 def exports(tmp_path_factory):
     """champion: the derived 1-layer draft; better: the target itself as draft (accepts every token); eagle3: an
-    EAGLE-3 head's export (untrained, over the tiny target's layers 0, 1 and 3)."""
+    EAGLE-3 head's export (untrained, over the tiny target's layers 0, 1 and 3); parallel: the derived draft as a
+    parallel draft (drafting a round in one forward, reading the padding token as its mask)."""
     root = tmp_path_factory.mktemp("exports")
     pair = load_pair(TINY.target, TINY.draft)
     head = new_head(pair.target, list(range(pair.vocab_size)), capture_layers=[0, 1, 3])
     save_head_files(head, root / "eagle3" / "draft")
     pair.tokenizer.save_pretrained(root / "eagle3" / "draft")
+    parallel = copy.deepcopy(pair.draft)
+    make_parallel(parallel, pair.tokenizer.pad_token_id)
     return {"champion": save_export(pair.draft, pair.tokenizer, root / "champion"),
-            "better": save_export(pair.target, pair.tokenizer, root / "better"), "eagle3": root / "eagle3"}
+            "better": save_export(pair.target, pair.tokenizer, root / "better"), "eagle3": root / "eagle3",
+            "parallel": save_export(parallel, pair.tokenizer, root / "parallel")}
 
 
 def write_shifting_traffic(path: Path) -> None:
@@ -236,7 +242,8 @@ def monitor_config(tmp_path: Path, challenger: Path, current: Path, reload_marke
 
 @pytest.mark.parametrize("champion_name, challenger_name, promoted", [
     ("champion", "better", True), ("champion", "champion", False),
-    ("eagle3", "better", True), ("eagle3", "eagle3", False)])  # the monitor takes an EAGLE-3 export as any draft
+    ("eagle3", "better", True), ("eagle3", "eagle3", False),  # the monitor takes an EAGLE-3 export as any draft
+    ("parallel", "better", True), ("parallel", "parallel", False)])  # ... and a parallel draft's
 def test_a_drift_retrains_gates_and_promotes_only_a_better_challenger(tmp_path, exports, champion_name,
                                                                       challenger_name, promoted):
     write_shifting_traffic(tmp_path / "requests.jsonl")

@@ -97,7 +97,13 @@ def chi_square_p_value(sequences, exact, ddof=0):
 
 
 def speculative_p_value(target, draft, sampling, policy, seed=0):
-    result = decoder_for(target, draft).generate([PROMPT] * SAMPLES, NEW_TOKENS, sampling, policy, seed=seed)
+    return decoder_p_value(decoder_for(target, draft), target, sampling, policy, seed)
+
+
+def decoder_p_value(decoder, target, sampling, policy, seed=0, samples=SAMPLES) -> tuple[float, float]:
+    """(the chi-square p-value, alpha) of `samples` rows of PROMPT decoded by `decoder` against the target."""
+    with one_thread():
+        result = decoder.generate([PROMPT] * samples, NEW_TOKENS, sampling, policy, seed=seed)
     return chi_square_p_value(result.tokens, exact_distribution(target, sampling)), result.metrics.alpha
 
 
@@ -248,15 +254,36 @@ def test_prompts_of_different_lengths_in_one_batch_keep_each_distribution(models
     """Rows at different positions share every forward; each follows its own prompt's distribution. One
     chi-square over (prompt, sequence) cells, with the rows per prompt fixed by the design."""
     target, draft = models
+    expect_the_rule(rule, mixed_lengths_p_value(decoder_for(target, draft), target, GammaPolicy(gamma=2), seed=4))
+
+
+def mixed_lengths_p_value(decoder, target, policy, seed, rows=MIXED_SAMPLES):
+    """The chi-square p-value of MIXED_PROMPTS decoded in one batch at temperature 1, each against its own
+    prompt's distribution."""
     sampling = SETTINGS["temperature 1"]
-    prompts = [MIXED_PROMPTS[row % len(MIXED_PROMPTS)] for row in range(MIXED_SAMPLES)]
+    prompts = [MIXED_PROMPTS[row % len(MIXED_PROMPTS)] for row in range(rows)]
     with one_thread():
-        result = decoder_for(target, draft).generate(prompts, NEW_TOKENS, sampling, GammaPolicy(gamma=2), seed=4)
+        result = decoder.generate(prompts, NEW_TOKENS, sampling, policy, seed=seed)
     outcomes = [(row % len(MIXED_PROMPTS), *tokens) for row, tokens in enumerate(result.tokens)]
     exact = {(index, *sequence): probability / len(MIXED_PROMPTS)
              for index, prompt in enumerate(MIXED_PROMPTS)
              for sequence, probability in exact_distribution(target, sampling, prompt=prompt).items()}
-    expect_the_rule(rule, chi_square_p_value(outcomes, exact, ddof=len(MIXED_PROMPTS) - 1))
+    return chi_square_p_value(outcomes, exact, ddof=len(MIXED_PROMPTS) - 1)
+
+
+def dynamic_gamma_p_value(decoder, target, samples=DYNAMIC_SAMPLES, largest_batch=DYNAMIC_LARGEST_BATCH) -> tuple[float, list[int]]:
+    """(the chi-square p-value, the rounds at each gamma) of rows decoded 1 to largest_batch at a time at
+    temperature 1 with gamma moving in [1, 3], so that it both grows and shrinks."""
+    sampling, policy = SETTINGS["temperature 1"], GammaPolicy(gamma=2, dynamic=True, min_gamma=1, max_gamma=3)
+    sequences, rounds_per_gamma, call = [], [0, 0, 0, 0], 0
+    with one_thread():
+        while len(sequences) < samples:
+            result = decoder.generate([PROMPT] * (1 + call % largest_batch), DYNAMIC_NEW_TOKENS, sampling, policy,
+                                      seed=call)
+            sequences += result.tokens
+            rounds_per_gamma = [a + b for a, b in zip(rounds_per_gamma, result.metrics.rounds_per_gamma)]
+            call += 1
+    return chi_square_p_value(sequences, exact_distribution(target, sampling, DYNAMIC_NEW_TOKENS)), rounds_per_gamma
 
 
 COPY_SAMPLES = 12_000

@@ -69,6 +69,23 @@ def test_the_steps_run_on_the_text_given(decoder):
     assert decoder.draft.tokens[1] == [repeated[12]]
 
 
+def test_a_parallel_drafts_step_is_the_forward_of_a_round(target64, draft64, tokenizer):
+    """Its timed step feeds the pending token and the masks of a round at gamma 3, and the predictions count it
+    once a round."""
+    from decode.kinds.parallel.drafter import ParallelDrafter
+
+    vocab, mask = len(tokenizer), tokenizer.pad_token_id
+    decoder = SpeculativeDecoder(CountingRunner(NativeLlamaRunner(target64, vocab)),
+                                 CountingRunner(NativeLlamaRunner(draft64, vocab)), eos_token_ids=[],
+                                 drafter=lambda runner: ParallelDrafter(runner, mask))
+    costs = measure_step_costs(decoder, SamplingParams(temperature=0.8, top_p=0.9), context=12, max_gamma=2,
+                               repeats=1, text=[5, 9, 11])
+    assert costs.parallel and costs.figures().to_json()["parallel"] is True
+    assert set(decoder.draft.forwards[1:]) == {(3, 12)}
+    assert all(tokens[1:] == [mask, mask] for tokens in decoder.draft.tokens[1:])
+    assert costs.predicted_speedup(0.5, 2) == pytest.approx(1.75 / (costs.c + costs.v(2)))
+
+
 def test_ratios_and_the_predicted_speedup_from_hand_computed_costs():
     costs = StepCosts(context=8, target_step_s=0.020, draft_step_s=0.005, verify_s={1: 0.022, 2: 0.024, 3: 0.030})
     assert costs.c == pytest.approx(0.25)

@@ -123,6 +123,28 @@ def test_vllm_keeps_the_targets_greedy_tokens_with_any_draft_and_counts_what_it_
     assert check.decoder_token_acceptance == pytest.approx(check.token_acceptance, abs=0.05)
 
 
+def test_vllm_drafts_a_parallel_draft_in_one_forward_a_round_as_our_decoder_does(tmp_path, models, vllm_python):
+    """The target as its own draft, made a parallel one: token by token it would draft the target's own tokens,
+    in parallel its later positions read mask tokens it never learnt; vLLM's counts are our decoder's."""
+    from decode.kinds.parallel.mask_token import make_parallel
+
+    draft = tiny_llama(len(models["tokenizer"]), num_layers=4, seed=0, init_std=0.1, head_dim=32)
+    make_parallel(draft, models["tokenizer"].pad_token_id)
+    draft.save_pretrained(tmp_path / "parallel" / "draft")
+    models["tokenizer"].save_pretrained(tmp_path / "parallel" / "draft")
+    spec = VllmSpec(str(models["target"]), str(tmp_path / "parallel" / "draft"), gamma=GAMMA, enforce_eager=True)
+    assert spec.speculative_config()["parallel_drafting"] is True
+    pair = load_pair(ModelSpec(path=str(models["target"]), dtype="float32", device="cpu"),
+                     ModelSpec(path=str(tmp_path / "parallel" / "draft"), dtype="float32", device="cpu"))
+    assert pair.kind.name == "parallel"
+    ids = prompts(models["tokenizer"])
+    check = vllm_check(spec, ids, 24, tmp_path / "check", pair.decoder())
+    assert check.skipped is None and check.same_tokens_as_target_alone is True
+    # exact at the token after the context; token by token it would be at every position, after masks it guesses
+    assert check.accepted_per_position[0] == check.rounds and check.accepted < 0.9 * check.drafted
+    assert check.decoder_token_acceptance == pytest.approx(check.token_acceptance, abs=0.05)
+
+
 def test_the_serving_benchmark_and_the_closed_loop_run_on_vllm(tmp_path, models, vllm_python):
     """The benchmark: the target alone and with a draft, vLLM's counters beside the decoder's prediction. The loop:
     the random draft serves, the monitor reads vLLM's counters and alerts, the retrain places the target-as-draft

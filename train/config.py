@@ -62,6 +62,12 @@ class MethodConfig:
     # weight of step i (ttt_step_weight ** i)
     ttt_steps: int = 3
     ttt_step_weight: float = 0.8
+    # parallel drafts only (pair.draft.kind=parallel): the tokens one forward proposes in training (1 + its mask
+    # tokens); the mask tokens at depth s train at a random share max(parallel_keep ** s, parallel_min_keep) of
+    # the positions, each with the masks before it (PARD's conditional drop-token)
+    parallel_tokens: int = 4
+    parallel_keep: float = 0.7
+    parallel_min_keep: float = 0.2
     lora: Optional[LoraSettings] = None
 
 

@@ -239,6 +239,8 @@ class DistillationRecipe:
             target_log_probs, draft_log_probs = coarse_grained(batch["target_logprobs"][:, step.shift:], target_ids,
                                                                step.logits, cells)
             loss = self.loss_fn(target_log_probs, draft_log_probs, **self.settings.loss_kwargs)
+            if step.scored is not None:
+                loss = torch.where(step.scored, loss, torch.zeros_like(loss))
             per_position = per_position + step.weight * F.pad(loss, (step.shift, 0))
         return per_position
 

@@ -34,6 +34,7 @@ class DraftStep:
     shift: int = 0  # 0: the draft's own next token; s > 0: the s-th step of a draft unrolled over its own outputs
     weight: float = 1.0  # the step's share of the loss
     columns: torch.Tensor | None = None  # [vocab] vocabulary id -> its column of logits (-1: none); None: the id
+    scored: torch.Tensor | None = None  # [B, T - shift] bool: the indices the loss scores (None: all)
 
 
 class TrainingObjective(abc.ABC):

@@ -8,11 +8,13 @@ from decode.errors import PairError
 from decode.kinds.base import DraftKind
 from decode.kinds.eagle3.kind import Eagle3Kind
 from decode.kinds.independent.kind import IndependentKind
+from decode.kinds.parallel.kind import ParallelKind
 from decode.models import ModelSpec
 
 KINDS: dict[str, DraftKind] = {
     "causal_lm": IndependentKind(),
     "eagle3": Eagle3Kind(),
+    "parallel": ParallelKind(),
 }
 
 

@@ -26,6 +26,7 @@ from typing import Optional
 from prometheus_client.parser import text_string_to_metric_families
 
 from decode.cost_model import DEFAULT_GAMMA
+from decode.kinds.parallel.mask_token import is_parallel_directory
 from decode.serving.llama_server import Completion
 from decode.serving.process import ServerError, ServerProcess
 
@@ -55,7 +56,10 @@ class VllmSpec:
     def speculative_config(self) -> Optional[dict]:
         if not self.draft:
             return None
-        return {"method": self.method, "model": self.draft, "num_speculative_tokens": self.gamma}
+        config = {"method": self.method, "model": self.draft, "num_speculative_tokens": self.gamma}
+        if self.method == "draft_model" and is_parallel_directory(Path(self.draft)):
+            config["parallel_drafting"] = True  # one forward a round, reading the pard_token its config names
+        return config
 
     def arguments(self, python: str, port: int) -> list[str]:
         args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.target, "--host", "127.0.0.1",

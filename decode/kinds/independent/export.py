@@ -15,6 +15,7 @@ from decode.export.engines import ServingTarget, llama_cpp_args, sglang_args, vl
 from decode.export.formats import serving_copy
 from decode.export.gguf import rounded_as_written, write_gguf
 from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
+from decode.kinds.parallel.mask_token import PARALLEL_FIELDS
 from decode.models import ModelSpec, load_model
 from decode.sampling import SamplingParams
 from decode.serving.llama_server import DRAFT_SPEC_TYPE, ServerSpec
@@ -24,8 +25,9 @@ from decode.serving.llama_server import DRAFT_SPEC_TYPE, ServerSpec
 MAX_LOGPROB_DIFFERENCE = 1e-2
 
 
-def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
-    """A draft model of its own: HF safetensors (vLLM, SGLang) and a GGUF of the same weights (llama.cpp)."""
+def write_draft(job: ExportJob, staging: Path, kind: str = "causal_lm", parallel: bool = False) -> WrittenDraft:
+    """A draft model of its own: HF safetensors (vLLM, SGLang) and a GGUF of the same weights (llama.cpp);
+    parallel: vLLM drafts with it in parallel (a parallel draft, decode/kinds/parallel/)."""
     ctx, settings, draft_spec = job.ctx, job.settings, job.draft_spec
     draft = serving_copy(load_model(ModelSpec(path=draft_spec.path, dtype=draft_spec.dtype, device="cpu")))
     draft.save_pretrained(staging / "draft")
@@ -44,18 +46,20 @@ def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
                                   job.engine_acceptance)
     llama_cpp_gamma, llama_cpp_p_min = job.llama_cpp_settings(engine)
     flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
-                          job.gamma, llama_cpp_gamma, llama_cpp_p_min)
+                          job.gamma, llama_cpp_gamma, llama_cpp_p_min, parallel)
     kept = getattr(draft.config, "draft_vocab", None)
     files = {"vllm": "draft", "sglang": "draft", **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
-    return WrittenDraft(flags, checks, {"draft_kind": "causal_lm", "draft_vocab_size": len(kept) if kept else None,
+    return WrittenDraft(flags, checks, {"draft_kind": kind, "draft_vocab_size": len(kept) if kept else None,
                                         "files": files}, engine)
 
 
 def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int,
-                  llama_cpp_gamma: int | None = None, llama_cpp_p_min: float = 0.0) -> dict:
+                  llama_cpp_gamma: int | None = None, llama_cpp_p_min: float = 0.0, parallel: bool = False) -> dict:
     """The engines' speculative-decoding settings for a draft model of its own, as JSON and argument lists;
-    llama_cpp_gamma and llama_cpp_p_min: what llama.cpp's drafting rule calls for (None: gamma)."""
-    vllm_config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": gamma}
+    llama_cpp_gamma and llama_cpp_p_min: what llama.cpp's drafting rule calls for (None: gamma); parallel: vLLM
+    proposes a round in one forward, reading the mask token config.json names (pard_token)."""
+    vllm_config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": gamma,
+                   **({"parallel_drafting": True} if parallel else {})}
     flags = {"vllm_speculative_config": vllm_config, "vllm": vllm_args(target, vllm_config),
              "sglang": sglang_args(target, "STANDALONE", draft_dir, gamma)}
     if draft_gguf is not None:
@@ -83,7 +87,8 @@ def round_trip(ctx, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path |
     if gguf_path is not None:  # read back as llama.cpp would get it, through transformers' GGUF reader
         reference["gguf"] = decode_with(rounded_as_written(load_model(draft_spec), gguf_type))
         reread = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        reread.config.draft_vocab = getattr(loaded["hf"].config, "draft_vocab", None)
+        for field in ("draft_vocab", *PARALLEL_FIELDS):  # config.json fields GGUF metadata does not carry
+            setattr(reread.config, field, getattr(loaded["hf"].config, field, None))
         loaded["gguf"] = reread.to(dtype=next(loaded["hf"].parameters()).dtype, device=draft_spec.device)
     checks = {"prompts": len(prompt_ids), "alpha_trained": reference["hf"][1]}
     for name, draft in loaded.items():

@@ -21,6 +21,7 @@ from decode.kinds.independent import export
 from decode.kinds.independent.drafter import IndependentDrafter
 from decode.kinds.independent.objective import NextTokenObjective
 from decode.kinds.independent.pruned_head import base_causal_lm
+from decode.kinds.parallel.mask_token import pard_token
 from decode.models import ModelSpec, derive_draft, fresh_draft, load_model, load_tokenizer, make_runner
 from decode.tokenizers import tokenizer_differences
 
@@ -30,7 +31,7 @@ class IndependentKind(DraftKind):
     title = ""
 
     def holds(self, draft: nn.Module) -> bool:
-        return isinstance(draft, PreTrainedModel)
+        return isinstance(draft, PreTrainedModel) and pard_token(draft) is None
 
     def load(self, target, target_tokenizer, spec: ModelSpec):
         if spec.path:

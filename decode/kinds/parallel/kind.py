@@ -1,0 +1,82 @@
+"""A parallel draft (pair.draft.kind=parallel, PARD-style): a causal LM of its own over the target's tokenizer
+that also learns to read mask tokens where it drafts ahead, so that one forward proposes a whole round. Loaded,
+derived or built fresh as an independent draft, then given its mask token; served in parallel by vLLM
+(draft_model with parallel_drafting), token by token by SGLang and llama.cpp."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from decode.errors import ConfigError, PairError
+from decode.export.job import ExportJob, WrittenDraft
+from decode.export.record import ExportRecord
+from decode.kinds.independent import export
+from decode.kinds.independent.kind import IndependentKind
+from decode.kinds.independent.pruned_head import base_causal_lm
+from decode.kinds.parallel.drafter import ParallelDrafter
+from decode.kinds.parallel.mask_token import is_parallel_directory, make_parallel, pard_token, unused_special_token
+from decode.kinds.parallel.objective import ParallelObjective
+from decode.models import ModelSpec
+
+
+class ParallelKind(IndependentKind):
+    name = "parallel"
+    title = "parallel draft"
+
+    def holds(self, draft: nn.Module) -> bool:
+        return pard_token(draft) is not None
+
+    def found_at(self, spec: ModelSpec) -> bool:
+        return is_parallel_directory(Path(spec.path))
+
+    def load(self, target, target_tokenizer, spec: ModelSpec):
+        draft, tokenizer = super().load(target, target_tokenizer, spec)
+        own = pard_token(draft)
+        if own is not None and spec.mask_token is not None and spec.mask_token != own:
+            raise PairError(f"pair.draft.mask_token={spec.mask_token} but the draft at {spec.path} was trained with "
+                            f"mask token {own}; leave mask_token unset")
+        if own is None:
+            eos = target.generation_config.eos_token_id if target.generation_config is not None else None
+            eos_ids = [token for token in ([eos] if isinstance(eos, int) else eos or []) if token is not None]
+            mask = spec.mask_token
+            if mask is None:
+                mask = unused_special_token(tokenizer, eos_ids + [tokenizer.eos_token_id])
+            make_parallel(draft, mask)
+        return draft, tokenizer
+
+    def drafter(self, runner) -> ParallelDrafter:
+        return ParallelDrafter(runner, pard_token(runner.model))
+
+    def check_method(self, method) -> None:
+        if method.parallel_tokens < 2:
+            raise ConfigError(f"method.parallel_tokens must be >= 2 (the token after the context and at least one "
+                              f"mask), got {method.parallel_tokens}")
+        if not (0 < method.parallel_min_keep <= method.parallel_keep <= 1):
+            raise ConfigError(f"need 0 < method.parallel_min_keep <= method.parallel_keep <= 1, got "
+                              f"{method.parallel_min_keep} and {method.parallel_keep}")
+
+    def starting_draft(self, pair, method, draft_vocabulary: list[int] | None, seed: int) -> nn.Module:
+        draft = super().starting_draft(pair, method, draft_vocabulary, seed)
+        causal_lm = base_causal_lm(draft)
+        make_parallel(causal_lm, pard_token(causal_lm), method.parallel_tokens)
+        return draft
+
+    def objective(self, draft: nn.Module, pair, method, device: torch.device) -> ParallelObjective:
+        return ParallelObjective(draft, pair.vocab_size, device, pard_token(base_causal_lm(draft)),
+                                 method.parallel_tokens, method.parallel_keep, method.parallel_min_keep)
+
+    def export(self, job: ExportJob, staging: Path) -> WrittenDraft:
+        return export.write_draft(job, staging, kind=self.name, parallel=True)
+
+    def card_lines(self, record: ExportRecord) -> list[str]:
+        return super().card_lines(record) + ["- drafts in parallel: the context and mask tokens (config.json "
+                                             "`pard_token`) propose a whole round in one forward"]
+
+    def card_notes(self, record: ExportRecord) -> list[str]:
+        return super().card_notes(record) + [
+            "vLLM drafts with it in parallel (`parallel_drafting: true` in the speculative config: one forward a "
+            "round, as this project's decoder does). SGLang (STANDALONE) and llama.cpp (draft-simple) have no "
+            "parallel drafting for a draft model: they run it token by token, as the causal LM it also is.", ""]
