@@ -39,11 +39,11 @@ class ParallelKind(IndependentKind):
             raise PairError(f"pair.draft.mask_token={spec.mask_token} but the draft at {spec.path} was trained with "
                             f"mask token {own}; leave mask_token unset")
         if own is None:
-            eos = target.generation_config.eos_token_id if target.generation_config is not None else None
-            eos_ids = [token for token in ([eos] if isinstance(eos, int) else eos or []) if token is not None]
+            from decode.pair import eos_token_ids  # decode.pair loads drafts through this registry
+
             mask = spec.mask_token
             if mask is None:
-                mask = unused_special_token(tokenizer, eos_ids + [tokenizer.eos_token_id])
+                mask = unused_special_token(tokenizer, eos_token_ids(tokenizer, target))
             make_parallel(draft, mask)
         return draft, tokenizer
 
