@@ -22,6 +22,8 @@ class Drafter(abc.ABC):
     # True: one draft forward proposes a whole round (its cost does not grow with gamma); False: one per token
     parallel = False
     timed_tokens = 1  # the tokens its timed step feeds (decode/step_costs.py)
+    # the most tokens a round drafts as the draft was trained to, and as the engines let it (None: any)
+    most_tokens: int | None = None
 
     def __init__(self, runner):
         self.runner = runner

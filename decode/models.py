@@ -47,11 +47,14 @@ class ModelSpec:
     fresh: dict | None = None  # draft only: a new model, the target's config with these changes
     backend: str = "auto"  # auto: native for Llama-family models, transformers otherwise
     # draft only, a name in decode/kinds/registry.py: causal_lm (a model of its own) | eagle3 (a head over the
-    # target's hidden states) | parallel (a model of its own proposing a whole round in one forward)
+    # target's hidden states) | parallel (a model of its own proposing a whole round in one forward) | dflash (a
+    # head over the target's hidden states proposing a whole block in one forward)
     kind: str = "causal_lm"
-    capture_layers: Optional[List[int]] = None  # eagle3: the 3 target layers read; None: [2, N // 2, N - 3]
-    # parallel: the token id the draft reads where it drafts ahead; None: the draft's own, else a special token
-    # chat text never holds (decode/kinds/parallel/mask_token.py)
+    # eagle3: the 3 target layers whose inputs it reads; None: [2, N // 2, N - 3]. dflash: the target layers whose
+    # outputs it reads; None: one per head layer, spread over 1 .. N - 3 (decode/kinds/dflash/head.py)
+    capture_layers: Optional[List[int]] = None
+    # parallel, dflash: the token id the draft reads where it drafts ahead; None: the draft's own, else a special
+    # token chat text never holds (decode/kinds/parallel/mask_token.py)
     mask_token: Optional[int] = None
     revision: str | None = None
     trust_remote_code: bool = False
@@ -311,3 +314,16 @@ def make_runner(model: torch.nn.Module, vocab_size: int, backend: str = "auto") 
             log.info("running %s through transformers (%s)", type(model).__name__, reason)
         return HFRunner(model, vocab_size)
     return NativeLlamaRunner(model, vocab_size)
+
+
+def eos_token_ids(tokenizer, model=None) -> list[int]:
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(tokenizer.eos_token_id)
+    generation_config = getattr(model, "generation_config", None)
+    configured = getattr(generation_config, "eos_token_id", None)
+    if configured is not None:
+        ids.update(configured if isinstance(configured, list) else [configured])
+    if not ids:
+        raise PairError("the tokenizer has no EOS token and the model's generation config names none")
+    return sorted(ids)

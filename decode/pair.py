@@ -9,7 +9,7 @@ import torch
 from decode.errors import PairError
 from decode.kinds.base import DraftKind
 from decode.kinds.registry import kind_for, kind_of
-from decode.models import ModelSpec, load_model, load_tokenizer, make_runner
+from decode.models import ModelSpec, eos_token_ids, load_model, load_tokenizer, make_runner
 from decode.speculative import SpeculativeDecoder
 
 
@@ -49,19 +49,6 @@ class ModelPair:
 
     def encode_chat(self, prompts: list[str], system: str | None = None) -> list[list[int]]:
         return [encode_chat(self.tokenizer, prompt, system) for prompt in prompts]
-
-
-def eos_token_ids(tokenizer, model=None) -> list[int]:
-    ids = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(tokenizer.eos_token_id)
-    generation_config = getattr(model, "generation_config", None)
-    configured = getattr(generation_config, "eos_token_id", None)
-    if configured is not None:
-        ids.update(configured if isinstance(configured, list) else [configured])
-    if not ids:
-        raise PairError("the tokenizer has no EOS token and the model's generation config names none")
-    return sorted(ids)
 
 
 def encode_chat(tokenizer, prompt: str, system: str | None = None) -> list[int]:

@@ -45,8 +45,10 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     def measure(decoder, label, prompts, batch_size, compare_ar, gamma_policy, step_costs=None):
         decodes = decode_batches({label: decoder}, prompts, sampling, gamma_policy, settings.max_new_tokens,
                                  batch_size, ctx.seed, compare_ar, description=f"eval {label}")
+        # the recommended gamma is searched up to what a round of this draft drafts as trained
+        most = decoder.new_drafter(decoder.draft).most_tokens or decode.max_gamma
         return figures(decodes.by_draft[label], decodes.ar, gamma_policy.gamma, step_costs, decode.min_gamma,
-                       decode.max_gamma, seed=ctx.seed)
+                       max(decode.min_gamma, min(decode.max_gamma, most)), seed=ctx.seed)
 
     # the untrained draft only changes with the prompts and settings: measured once per run directory
     key = eval_key(prompt_ids, decode, settings, ctx.seed)

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 
+from decode.kinds.dflash import head as dflash_head
 from decode.kinds.eagle3.head import new_head, save_head_files
 from decode.kinds.parallel.mask_token import make_parallel
 from decode.config import PairConfig
@@ -201,17 +202,21 @@ def save_export(model, tokenizer, directory: Path) -> Path:
 def exports(tmp_path_factory):
     """champion: the derived 1-layer draft; better: the target itself as draft (accepts every token); eagle3: an
     EAGLE-3 head's export (untrained, over the tiny target's layers 0, 1 and 3); parallel: the derived draft as a
-    parallel draft (drafting a round in one forward, reading the padding token as its mask)."""
+    parallel draft (drafting a round in one forward, reading the padding token as its mask); dflash: a DFlash head's
+    (untrained, over the outputs of the tiny target's layers 0 and 2)."""
     root = tmp_path_factory.mktemp("exports")
     pair = load_pair(TINY.target, TINY.draft)
     head = new_head(pair.target, list(range(pair.vocab_size)), capture_layers=[0, 1, 3])
     save_head_files(head, root / "eagle3" / "draft")
     pair.tokenizer.save_pretrained(root / "eagle3" / "draft")
+    dflash = dflash_head.new_head(pair.target, 1, 4, pair.tokenizer.pad_token_id, [0, 2])
+    dflash_head.save_head_files(dflash, root / "dflash" / "draft")
+    pair.tokenizer.save_pretrained(root / "dflash" / "draft")
     parallel = copy.deepcopy(pair.draft)
     make_parallel(parallel, pair.tokenizer.pad_token_id)
     return {"champion": save_export(pair.draft, pair.tokenizer, root / "champion"),
             "better": save_export(pair.target, pair.tokenizer, root / "better"), "eagle3": root / "eagle3",
-            "parallel": save_export(parallel, pair.tokenizer, root / "parallel")}
+            "parallel": save_export(parallel, pair.tokenizer, root / "parallel"), "dflash": root / "dflash"}
 
 
 def write_shifting_traffic(path: Path) -> None:
@@ -243,7 +248,8 @@ def monitor_config(tmp_path: Path, challenger: Path, current: Path, reload_marke
 @pytest.mark.parametrize("champion_name, challenger_name, promoted", [
     ("champion", "better", True), ("champion", "champion", False),
     ("eagle3", "better", True), ("eagle3", "eagle3", False),  # the monitor takes an EAGLE-3 export as any draft
-    ("parallel", "better", True), ("parallel", "parallel", False)])  # ... and a parallel draft's
+    ("parallel", "better", True), ("parallel", "parallel", False),  # ... and a parallel draft's
+    ("dflash", "better", True), ("dflash", "dflash", False)])  # ... and a DFlash head's
 def test_a_drift_retrains_gates_and_promotes_only_a_better_challenger(tmp_path, exports, champion_name,
                                                                       challenger_name, promoted):
     write_shifting_traffic(tmp_path / "requests.jsonl")

@@ -6,6 +6,7 @@ from torch import nn
 
 from decode.errors import PairError
 from decode.kinds.base import DraftKind
+from decode.kinds.dflash.kind import DFlashKind
 from decode.kinds.eagle3.kind import Eagle3Kind
 from decode.kinds.independent.kind import IndependentKind
 from decode.kinds.parallel.kind import ParallelKind
@@ -15,6 +16,7 @@ KINDS: dict[str, DraftKind] = {
     "causal_lm": IndependentKind(),
     "eagle3": Eagle3Kind(),
     "parallel": ParallelKind(),
+    "dflash": DFlashKind(),
 }
 
 

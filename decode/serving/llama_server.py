@@ -32,6 +32,7 @@ DRAFT_REFUSALS = ("the target and draft vocabs are not compatible", "failed to i
 # --spec-type (b11434): a draft model of its own, or an EAGLE-3 head over the target's hidden states
 DRAFT_SPEC_TYPE = "draft-simple"
 EAGLE3_SPEC_TYPE = "draft-eagle3"
+DFLASH_SPEC_TYPE = "draft-dflash"
 # a request's fields that make llama-server sample as decode/sampling.py does: temperature, top-k and top-p and no
 # other sampler (its default chain adds min_p 0.05 and applies the temperature after top-p)
 AS_DECODE_SAMPLES = {"min_p": 0.0, "samplers": ["top_k", "temperature", "top_p"]}
@@ -59,15 +60,17 @@ class ServerSpec:
 
 
 def draft_spec_type(draft_gguf: str) -> str:
-    """The --spec-type a draft file needs. An EAGLE-3 head needs draft-eagle3: given as draft-simple, llama-server
-    (b11434) loads it without a word and drafts from inputs the head never reads in training."""
+    """The --spec-type a draft file needs. An EAGLE-3 head needs draft-eagle3 (a DFlash head draft-dflash): given as
+    draft-simple, llama-server (b11434) loads it without a word and drafts from inputs the head never reads in
+    training."""
     from gguf import GGUFReader
 
     try:
         field = GGUFReader(draft_gguf).fields.get("general.architecture")
     except (ValueError, OSError):  # not a GGUF file: llama-server's own refusal says so
         return DRAFT_SPEC_TYPE
-    return EAGLE3_SPEC_TYPE if field is not None and field.contents() == "eagle3" else DRAFT_SPEC_TYPE
+    architecture = field.contents() if field is not None else None
+    return {"eagle3": EAGLE3_SPEC_TYPE, "dflash": DFLASH_SPEC_TYPE}.get(architecture, DRAFT_SPEC_TYPE)
 
 
 @dataclass

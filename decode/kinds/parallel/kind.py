@@ -19,7 +19,7 @@ from decode.kinds.independent.pruned_head import base_causal_lm
 from decode.kinds.parallel.drafter import ParallelDrafter
 from decode.kinds.parallel.mask_token import is_parallel_directory, make_parallel, pard_token, unused_special_token
 from decode.kinds.parallel.objective import ParallelObjective
-from decode.models import ModelSpec
+from decode.models import ModelSpec, eos_token_ids
 
 
 class ParallelKind(IndependentKind):
@@ -39,8 +39,6 @@ class ParallelKind(IndependentKind):
             raise PairError(f"pair.draft.mask_token={spec.mask_token} but the draft at {spec.path} was trained with "
                             f"mask token {own}; leave mask_token unset")
         if own is None:
-            from decode.pair import eos_token_ids  # decode.pair loads drafts through this registry
-
             mask = spec.mask_token
             if mask is None:
                 mask = unused_special_token(tokenizer, eos_token_ids(tokenizer, target))

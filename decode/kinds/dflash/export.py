@@ -1,0 +1,150 @@
+"""A DFlash head in the formats the engines load, each read back and checked against the trained head.
+
+    <export>/draft/      the reference trainers' DFlashDraftModel directory (config.json + model.safetensors),
+                         which vLLM (method dflash) and SGLang (DFLASH) both read, with the target's tokenizer
+    <export>/draft.gguf  llama.cpp's (arch dflash: decode/kinds/dflash/gguf.py), served with --spec-type draft-dflash
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+
+from decode.errors import ExportMismatch
+from decode.export.engine_check import missing_server, served_draft_counts
+from decode.export.engines import ServingTarget, llama_cpp_args, vllm_args
+from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
+from decode.kinds.dflash.gguf import CHECK_TOLERANCE, gguf_reference, read_dflash_gguf, write_dflash_gguf
+from decode.kinds.dflash.head import DFlashHead, load_head, save_head_files
+from decode.records import EngineCheck
+from decode.sampling import SamplingParams
+from decode.serving.llama_server import DFLASH_SPEC_TYPE, ServerSpec
+
+ENGINE_COSTS = "not measured (llama-bench cannot run a DFlash draft without its target)"
+ALPHA_SLACK = 0.01  # as for the other kinds
+
+
+def block_logits_probe(head: DFlashHead, target_embeddings: torch.Tensor, target_output: torch.Tensor,
+                       length: int = 12) -> torch.Tensor:
+    """The head's logits of one block after `length` random context states (the same probe for every format)."""
+    from decode.kinds.dflash.runner import DFlashRunner
+
+    config, parameter = head.config, next(head.parameters())
+    generator = torch.Generator().manual_seed(0)
+    context = torch.randn(1, length, len(config.target_layer_ids) * config.hidden_size, generator=generator)
+    block = torch.randint(config.vocab_size, (1, config.block_size), generator=generator)
+    block[:, 1:] = config.mask_token_id
+    runner = DFlashRunner(head, target_embeddings.to(parameter), target_output.to(parameter), config.vocab_size)
+    runner.reset(1, length + config.block_size)
+    start = torch.zeros(1, dtype=torch.long, device=parameter.device)
+    runner.write_context(context.to(parameter), start, length)
+    logits = runner.block(block.to(parameter.device), start + length, length + config.block_size)
+    runner.free()
+    return logits.float()
+
+
+def layout_difference(reference: DFlashHead, head: DFlashHead) -> str | None:
+    differing = [name for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+                                   "head_dim", "intermediate_size", "vocab_size", "num_target_layers",
+                                   "target_layer_ids", "block_size", "mask_token_id")
+                 if getattr(reference.config, name) != getattr(head.config, name)]
+    return ("a different " + ", ".join(f"{name} ({getattr(head.config, name)} for {getattr(reference.config, name)})"
+                                       for name in differing)) if differing else None
+
+
+def round_trip(pair, written: dict[str, tuple[DFlashHead, DFlashHead, str, float]], prompt_ids: list[list[int]],
+               max_new_tokens: int, policy, trained_path: str) -> dict:
+    """Each read-back head against its reference (format -> (read head, reference, its name, logit tolerance)): the
+    same layout, logits within tolerance, and the same greedy tokens and alpha drafting for the target."""
+    greedy, decoded = SamplingParams(temperature=0), {}
+    target = pair.target
+    embeddings, output = target.get_input_embeddings().weight, target.get_output_embeddings().weight
+
+    def decode_with(head):
+        result = pair.decoder(head).generate(prompt_ids, max_new_tokens, greedy, policy)
+        return result.tokens, result.metrics.alpha
+
+    checks = {"prompts": len(prompt_ids)}
+    for name, (head, reference, reference_name, tolerance) in written.items():
+        problem = layout_difference(reference, head)
+        difference = None if problem else (block_logits_probe(reference, embeddings, output)
+                                           - block_logits_probe(head, embeddings, output)).abs().max().item()
+        if reference_name not in decoded:
+            decoded[reference_name] = decode_with(reference)
+        reference_tokens, reference_alpha = decoded[reference_name]
+        tokens, alpha = decode_with(head) if not problem else (None, None)
+        checks.update({f"logit_difference_{name}": difference, f"alpha_{name}": alpha,
+                       f"same_greedy_output_{name}": tokens == reference_tokens})
+        if problem or not difference <= tolerance or tokens != reference_tokens \
+                or abs(alpha - reference_alpha) > ALPHA_SLACK:
+            found = problem or (f"other results than {reference_name}: logits up to {difference:.3g} apart (allowed "
+                                f"{tolerance}), alpha {alpha:.4f} vs {reference_alpha:.4f}, same greedy output: "
+                                f"{tokens == reference_tokens}")
+            raise ExportMismatch(f"the exported {name} head reads back with {found}; nothing was published, the "
+                                 f"trained head is intact in {trained_path}")
+    checks["alpha_trained"] = decoded["the trained head"][1]
+    return checks
+
+
+def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
+    ctx, settings = job.ctx, job.settings
+    head: DFlashHead = ctx.load_trained_draft()
+    save_head_files(head, staging / "draft", verifier=job.target.hf_path)
+    save_target_tokenizer(ctx, staging / "draft")  # so that pair.draft.path=<export> finds the target's tokens
+    gguf_path = None
+    if settings.gguf:
+        gguf_path = write_dflash_gguf(head, ctx.pair.tokenizer, staging / "draft.gguf",
+                                      tokenizer_source_gguf=job.target_gguf, outtype=settings.gguf_type)
+    checks, engine = {}, None
+    if settings.verify_prompts:
+        parameter = next(head.parameters())
+        like = {"dtype": parameter.dtype, "device": parameter.device}
+        written = {"draft": (load_head(staging / "draft", **like), head, "the trained head", 0.0)}
+        if gguf_path is not None:
+            written["gguf"] = (read_dflash_gguf(gguf_path, head.config.num_target_layers).to(**like), gguf_reference(head, settings.gguf_type).to(**like),
+                               f"the trained head rounded to {settings.gguf_type}", CHECK_TOLERANCE)
+        checks = round_trip(ctx.pair, written, job.verify_ids, job.max_new_tokens,
+                            job.decode.gamma_policy(dynamic=False), job.draft_spec.path)
+        if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
+            spec = ServerSpec(str(job.target_gguf), str(gguf_path), gamma=min(job.decode.gamma, head.config.block_size - 1),
+                              spec_type=DFLASH_SPEC_TYPE)
+            engine = dflash_engine_check(spec, job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log")
+    flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
+                          min(job.gamma, head.config.block_size - 1))
+    files = {"vllm": "draft", "sglang": "draft", **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
+    return WrittenDraft(flags, checks, {"draft_kind": "dflash", "draft_vocab_size": None, "files": files,
+                                        "dflash": dflash_record(head)}, engine)
+
+
+def dflash_record(head: DFlashHead) -> dict:
+    config = head.config
+    return {"layers": config.num_hidden_layers, "target_layer_ids": list(config.target_layer_ids),
+            "target_layers": config.num_target_layers, "block_size": config.block_size,
+            "mask_token_id": config.mask_token_id, "llama_cpp_step_costs": ENGINE_COSTS}
+
+
+def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int) -> dict:
+    """The engines' settings for a DFlash head; gamma at most the block's drafts (llama.cpp clamps to it)."""
+    vllm_config = {"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": gamma}
+    # SGLang's verify window is the whole block, the last known token included
+    sglang = ["python", "-m", "sglang.launch_server", "--model-path", target.hf_path, "--host", "127.0.0.1",
+              "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(draft_dir),
+              "--speculative-num-draft-tokens", str(gamma + 1)]
+    flags = {"vllm_speculative_config": vllm_config, "vllm": vllm_args(target, vllm_config), "sglang": sglang}
+    if draft_gguf is not None:
+        flags["llama_cpp"] = llama_cpp_args(target, draft_gguf, DFLASH_SPEC_TYPE, gamma)
+    return flags
+
+
+def dflash_engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int,
+                        log_path: Path) -> EngineCheck:
+    """llama-server with the DFlash GGUF beside the target: its counters and greedy tokens (no llama-bench)."""
+    missing = missing_server(spec)
+    if missing:
+        return EngineCheck(skipped=missing)
+    return served_draft_counts(spec, prompt_ids, max_new_tokens, log_path)
+
+
+def engine_gguf(head: DFlashHead, tokenizer, path: Path, tokenizer_source_gguf, outtype: str) -> Path:
+    return write_dflash_gguf(head, tokenizer, path, tokenizer_source_gguf=tokenizer_source_gguf, outtype=outtype)

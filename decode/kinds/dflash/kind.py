@@ -1,0 +1,153 @@
+"""A DFlash head (pair.draft.kind=dflash): decoder layers over the target's hidden states that propose a whole
+block in one forward; served by vLLM (dflash), SGLang (DFLASH) and llama.cpp (draft-dflash)."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from decode.errors import ConfigError, PairError
+from decode.examples import Example
+from decode.export.job import ExportJob, WrittenDraft
+from decode.export.record import ExportRecord
+from decode.kinds.base import DraftKind
+from decode.kinds.dflash import export
+from decode.kinds.dflash.drafter import DFlashDrafter
+from decode.kinds.dflash.head import DFlashHead, check_head_fits, is_dflash_directory, load_head, new_head, save_head
+from decode.kinds.dflash.objective import BlockObjective
+from decode.kinds.dflash.runner import DFlashRunner
+from decode.kinds.eagle3.features import target_features
+from decode.kinds.parallel.mask_token import unused_special_token
+from decode.models import ModelSpec, eos_token_ids, locate, model_fingerprint, resolve_dtype
+
+DEFAULT_LAYERS = 2  # the head's decoder layers where pair.draft.derive_layers does not say
+UNTRAINED_BLOCK = 4  # a fresh head's block before training sets method.parallel_tokens + 1
+
+
+class DFlashKind(DraftKind):
+    name = "dflash"
+    title = "DFlash head"
+    gguf_runs_alone = False  # it reads its target's states: llama-bench cannot time it alone
+
+    def holds(self, draft: nn.Module) -> bool:
+        return isinstance(draft, DFlashHead)
+
+    def found_at(self, spec: ModelSpec) -> bool:
+        return head_directory(spec) is not None
+
+    def load(self, target, target_tokenizer, spec: ModelSpec):
+        if not spec.path:  # untrained: the target's first layers over random context projections
+            mask = spec.mask_token if spec.mask_token is not None else unused_special_token(
+                target_tokenizer, eos_token_ids(target_tokenizer, target))
+            head = new_head(target, spec.derive_layers or DEFAULT_LAYERS, UNTRAINED_BLOCK, mask, spec.capture_layers)
+            head.config.mask_token = target_tokenizer.convert_ids_to_tokens(mask)
+            return head, target_tokenizer
+        directory = head_directory(spec)
+        if directory is None:
+            raise PairError(f"pair.draft.kind=dflash but {spec.path} is not a DFlash head (its config.json does not "
+                            f"name the DFlashDraftModel architecture)")
+        parameter = next(target.parameters())
+        dtype = resolve_dtype(spec.dtype, parameter.device) if spec.dtype else parameter.dtype
+        head = load_head(directory, dtype=dtype, device=parameter.device)
+        for setting, configured, own in (("capture_layers", spec.capture_layers, head.config.target_layer_ids),
+                                         ("mask_token", spec.mask_token, head.config.mask_token_id)):
+            if configured is not None and configured != own:
+                raise PairError(f"pair.draft.{setting}={configured} but the head at {directory} was trained with "
+                                f"{own}; leave {setting} unset")
+        return head, target_tokenizer
+
+    def check_pair(self, target, draft: DFlashHead, target_tokenizer, draft_tokenizer,
+                   check_chat_template: bool) -> None:
+        """It reads the target's own embeddings and output matrix: its tokens are the target's."""
+        check_head_fits(draft, target)
+        if len(target_tokenizer) > draft.config.vocab_size:
+            raise PairError(f"the DFlash head knows {draft.config.vocab_size} tokens, the target's tokenizer "
+                            f"{len(target_tokenizer)}: train a head for this target")
+
+    def runner(self, draft: DFlashHead, target, vocab_size: int, backend: str) -> DFlashRunner:
+        return DFlashRunner(draft, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
+                            vocab_size)
+
+    def drafter(self, runner: DFlashRunner) -> DFlashDrafter:
+        return DFlashDrafter(runner)
+
+    def check_method(self, method) -> None:
+        if method.parallel_tokens < 1:
+            raise ConfigError(f"method.parallel_tokens (the tokens a DFlash block drafts) must be >= 1, got "
+                              f"{method.parallel_tokens}")
+        if method.lora:
+            raise ConfigError("method.lora is not supported for pair.draft.kind=dflash: the head is trained whole; "
+                              "use method=distill")
+        if method.on_policy_answers:
+            raise ConfigError("method.on_policy_answers is not supported for pair.draft.kind=dflash; set it to 0")
+
+    def starting_draft(self, pair, method, draft_vocabulary: list[int] | None, seed: int) -> DFlashHead:
+        """A copy of the head at pair.draft.path (retraining a champion), else a fresh head with the configured
+        layers and mask token; its block is method.parallel_tokens drafts. draft_vocabulary: the tokens training
+        scores (the head decodes over the whole vocabulary)."""
+        configured: DFlashHead = pair.draft
+        config = configured.config
+        if pair.draft_path:
+            head = copy.deepcopy(configured).float().train()
+        else:
+            head = new_head(pair.target, config.num_hidden_layers, method.parallel_tokens + 1, config.mask_token_id,
+                            config.target_layer_ids, seed).float().train()
+            head.config.mask_token = config.mask_token
+        head.config.block_size = method.parallel_tokens + 1
+        head.train_vocab = draft_vocabulary
+        return head
+
+    def training_inputs(self, ctx, draft: DFlashHead, splits: list[tuple[list[Example], str]], batch_size: int):
+        """The target's outputs of the head's layers beside every example (cached per answers dataset)."""
+        target_fingerprint = model_fingerprint(ctx.target_spec)
+        features = [target_features(ctx.pair.target, examples, draft.config.capture_layers, directory,
+                                    target_fingerprint, batch_size, ctx.accelerator)
+                    for examples, directory in splits]
+        record = {"feature_seconds": round(sum(f.seconds for f in features), 2),
+                  "feature_tokens": sum(f.tokens for f in features),
+                  "feature_bytes_per_token": features[0].bytes_per_token}
+        return [f.with_examples(examples) for f, (examples, _) in zip(features, splits)], record
+
+    def objective(self, draft: DFlashHead, pair, method, device: torch.device) -> BlockObjective:
+        return BlockObjective(draft, pair.target.get_input_embeddings().weight,
+                              pair.target.get_output_embeddings().weight, pair.vocab_size, method.parallel_tokens,
+                              getattr(draft, "train_vocab", None), device)
+
+    def draft_vocab_size(self, draft: DFlashHead, vocab_size: int) -> int | None:
+        return None  # the target's output matrix over the whole vocabulary
+
+    def save(self, draft: DFlashHead, ctx, gamma: int) -> None:
+        draft = draft.to(dtype=next(ctx.pair.target.parameters()).dtype)
+        if ctx.is_main_process:
+            save_head(draft, ctx.draft_dir)
+        ctx.accelerator.wait_for_everyone()
+
+    def export(self, job: ExportJob, staging: Path) -> WrittenDraft:
+        return export.write_draft(job, staging)
+
+    def card_lines(self, record: ExportRecord) -> list[str]:
+        dflash = record.dflash
+        return [f"- draft: a DFlash head ({dflash['layers']} decoder layers over the target's hidden states) that "
+                f"drafts up to {dflash['block_size'] - 1} tokens in one forward, reading the outputs of target layers "
+                f"{dflash['target_layer_ids']} (of {dflash['target_layers']}); mask token {dflash['mask_token_id']}",
+                "- draft vocabulary: the target's (it uses the target's embeddings and output matrix)"]
+
+    def card_notes(self, record: ExportRecord) -> list[str]:
+        return [f"llama.cpp step costs: {record.dflash['llama_cpp_step_costs']}.", ""]
+
+    def engine_gguf(self, draft: DFlashHead, tokenizer, path: Path, tokenizer_source_gguf, outtype: str):
+        return export.engine_gguf(draft, tokenizer, path, tokenizer_source_gguf, outtype)
+
+
+def head_directory(spec: ModelSpec) -> str | None:
+    """The directory of the DFlash head spec.path names (itself, or an export's draft/), else None."""
+    if not spec.path or spec.path.endswith(".gguf") or "://" in spec.path:
+        return None
+    try:
+        directory, _ = locate(spec)
+    except PairError:
+        return None
+    return directory if is_dflash_directory(directory) else None
