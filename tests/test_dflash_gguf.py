@@ -53,7 +53,16 @@ def differences(head, other) -> float:
                if not name.startswith("rotary_emb."))
 
 
-def test_f32_round_trip_gives_the_same_head(tmp_path, head, tokenizer):
+@pytest.fixture(scope="module")
+def pruned_head(target, tokenizer):
+    """A head over a draft vocabulary of its own: not a prefix of the target's, so d2t offsets differ from ids."""
+    return new_head(target, 2, BLOCK, tokenizer.pad_token_id, TARGET_LAYERS, list(range(3, len(tokenizer), 2)),
+                    seed=2).eval()
+
+
+@pytest.mark.parametrize("which", ["head", "pruned_head"])
+def test_f32_round_trip_gives_the_same_head(tmp_path, request, tokenizer, which):
+    head = request.getfixturevalue(which)
     written = read_dflash_gguf(write_dflash_gguf(head, tokenizer, tmp_path / "head.gguf", outtype="f32"),
                                head.config.num_target_layers)
     assert written.config.rms_norm_eps == pytest.approx(head.config.rms_norm_eps)  # stored as f32
@@ -92,15 +101,24 @@ def test_layout_and_metadata_are_llama_cpps(tmp_path, head, tokenizer, target_gg
     assert np.array_equal(np.asarray(names["enc.output_norm.weight"].data), head.hidden_norm.weight.detach().numpy())
 
 
+def test_a_draft_vocabulary_is_written_as_output_rows_and_absolute_d2t_ids(tmp_path, pruned_head, tokenizer):
+    reader = gguf.GGUFReader(write_dflash_gguf(pruned_head, tokenizer, tmp_path / "head.gguf", outtype="f32"))
+    names = {tensor.name: tensor for tensor in reader.tensors}
+    assert np.array_equal(np.asarray(names["d2t"].data), list(range(3, len(tokenizer), 2)))
+    assert [int(d) for d in names["output.weight"].shape] == [pruned_head.config.hidden_size,
+                                                              pruned_head.config.draft_vocab_size]
+    assert "token_embd.weight" not in names
+
+
 def test_a_file_that_does_not_read_back_as_the_head_is_not_published(tmp_path, head, tokenizer, monkeypatch):
     """A writer that puts the query norms under the key norms' names (and the reverse) writes a file that loads;
     its read-back check refuses it, and nothing is published."""
     right = dflash_gguf.tensor_names
     calls = []
 
-    def swapped_for_the_writer(layers):  # the writer asks first, the read-back check after
+    def swapped_for_the_writer(layers, own_output=False):  # the writer asks first, the read-back check after
         calls.append(layers)
-        names = right(layers)
+        names = right(layers, own_output)
         if len(calls) == 1:
             for index in range(layers):
                 q, k = f"layers.{index}.self_attn.q_norm.weight", f"layers.{index}.self_attn.k_norm.weight"

@@ -32,14 +32,15 @@ def test_a_dflash_head_trains_evaluates_and_exports_through_the_pipeline(tmp_pat
     assert config["architectures"] == ["DFlashDraftModel"] and config["model_type"] == "qwen3"
     assert config["block_size"] == 4 and config["num_target_layers"] == 4
     assert config["dflash_config"]["mask_token_id"] == mask and config["dflash_config"]["target_layer_ids"] == [0, 2]
+    assert config["draft_vocab_size"] == 64  # +debug=tiny prunes to 64 tokens: the head's own output rows and d2t
     record = json.loads((run / "export" / "export.json").read_text())
-    assert record["draft_kind"] == "dflash" and record["files"] == {"vllm": "draft", "sglang": "draft",
-                                                                     "llama_cpp": "draft.gguf"}
+    assert record["draft_vocab_size"] == 64
+    # SGLang drafts through the target's output matrix: a head with a draft vocabulary has no SGLang form
+    assert record["draft_kind"] == "dflash" and record["files"] == {"vllm": "draft", "llama_cpp": "draft.gguf"}
+    assert "SGLang" in record["dflash"]["sglang_skipped"] and "sglang" not in record["flags"]
     flags = record["flags"]
     assert flags["vllm_speculative_config"]["method"] == "dflash"
     assert flags["vllm_speculative_config"]["num_speculative_tokens"] <= 3  # at most the block's masks
-    sglang = flags["sglang"]
-    assert sglang[sglang.index("--speculative-algorithm") + 1] == "DFLASH"
     assert "draft-dflash" in flags["llama_cpp"]
     checks = record["round_trip"]
     assert checks["logit_difference_draft"] == 0.0 and checks["same_greedy_output_draft"]
@@ -56,7 +57,7 @@ def test_a_block_sees_only_the_context_before_its_anchor():
     target = tiny_llama(40, num_layers=4, hidden_size=32, seed=0)
     head = new_head(target, 1, 4, 39, [0, 2], seed=1)
     objective = BlockObjective(head, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
-                               40, 3, None, torch.device("cpu"))
+                               40, 3, torch.device("cpu"))
     ids = torch.randint(0, 39, (1, 12), generator=torch.Generator().manual_seed(0))
     states = torch.randn(1, 12, 64, generator=torch.Generator().manual_seed(1))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "target_hidden": states}
@@ -88,3 +89,21 @@ def test_a_target_layer_the_engines_cannot_capture_is_refused():
     target = tiny_llama(40, num_layers=4, hidden_size=32)
     with pytest.raises(PairError, match="pair.draft.capture_layers"):
         new_head(target, 1, 4, 39, [0, 3])  # the last layer's output is only the final norm's input
+
+
+def test_every_emitted_dflash_argument_is_one_the_engine_documents(tmp_path):
+    """vLLM's `dflash` method (config/speculative.py), SGLang's DFLASH with the block as its verify window
+    (srt/arg_groups/speculative_hook.py), llama.cpp's draft-dflash; gamma at most the block's masks."""
+    from decode.export.engines import ServingTarget
+    from decode.kinds.dflash.export import serving_flags
+    from test_export import assert_documented
+
+    flags = serving_flags(ServingTarget("org/target", "t.gguf"), tmp_path / "draft", tmp_path / "d.gguf", gamma=3)
+    assert_documented(flags)
+    assert flags["vllm_speculative_config"] == {"method": "dflash", "model": str(tmp_path / "draft"),
+                                                "num_speculative_tokens": 3}
+    sglang = flags["sglang"]
+    assert sglang[sglang.index("--speculative-algorithm") + 1] == "DFLASH"
+    assert sglang[sglang.index("--speculative-num-draft-tokens") + 1] == "4"  # the anchor and 3 masks
+    llama = flags["llama_cpp"]
+    assert llama[llama.index("--spec-type") + 1] == "draft-dflash" and llama[llama.index("--spec-draft-n-max") + 1] == "3"

@@ -59,14 +59,19 @@ SPECULATIVE_METHODS = {"vllm": {"draft_model"}, "sglang": {"EAGLE", "EAGLE3", "N
                        "llama_cpp": {"draft-simple"}}
 
 
-def test_every_emitted_engine_argument_is_one_the_engine_documents(tmp_path):
-    flags = serving_flags(ServingTarget("org/target", "t.gguf"), tmp_path / "draft", tmp_path / "d.gguf", gamma=3)
+def assert_documented(flags: dict) -> None:
+    """Every engine's command in `flags` starts as the engine is run and passes only arguments it documents."""
     launcher = {"vllm": ["vllm", "serve", "org/target"], "sglang": ["python", "-m", "sglang.launch_server"],
                 "llama_cpp": ["llama-server"]}
     for engine, documented in DOCUMENTED_ARGUMENTS.items():
         assert flags[engine][:len(launcher[engine])] == launcher[engine]
         emitted = {arg for arg in flags[engine][len(launcher[engine]):] if arg.startswith("-")}
         assert emitted <= documented, f"{engine}: {sorted(emitted - documented)} not documented"
+
+
+def test_every_emitted_engine_argument_is_one_the_engine_documents(tmp_path):
+    flags = serving_flags(ServingTarget("org/target", "t.gguf"), tmp_path / "draft", tmp_path / "d.gguf", gamma=3)
+    assert_documented(flags)
     assert flags["vllm_speculative_config"]["method"] in SPECULATIVE_METHODS["vllm"]
     assert flags["sglang"][flags["sglang"].index("--speculative-algorithm") + 1] in SPECULATIVE_METHODS["sglang"]
     assert flags["llama_cpp"][flags["llama_cpp"].index("--spec-type") + 1] in SPECULATIVE_METHODS["llama_cpp"]

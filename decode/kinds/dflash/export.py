@@ -22,6 +22,11 @@ from decode.sampling import SamplingParams
 from decode.serving.llama_server import DFLASH_SPEC_TYPE, ServerSpec
 
 ENGINE_COSTS = "not measured (llama-bench cannot run a DFlash draft without its target)"
+# SGLang 0.5.23 drafts a DFlash block through the target's output matrix (srt/models/dflash.py), and neither reads
+# a draft vocabulary nor an lm_head of the head's own
+SGLANG_NEEDS_THE_TARGETS_HEAD = ("SGLang (0.5.23) drafts a DFlash block through the target's own output matrix: a head "
+                                 "with a draft vocabulary of its own has no SGLang form (method.prune_vocab=0 trains "
+                                 "one over the target's)")
 ALPHA_SLACK = 0.01  # as for the other kinds
 
 
@@ -44,13 +49,25 @@ def block_logits_probe(head: DFlashHead, target_embeddings: torch.Tensor, target
     return logits.float()
 
 
+def logit_difference(reference: torch.Tensor, logits: torch.Tensor) -> float:
+    """The largest |difference| of two heads' logits; inf where one proposes a token the other cannot (-inf)."""
+    proposed = torch.isfinite(reference)
+    if not torch.equal(proposed, torch.isfinite(logits)):
+        return float("inf")
+    return (reference[proposed] - logits[proposed]).abs().max().item()
+
+
 def layout_difference(reference: DFlashHead, head: DFlashHead) -> str | None:
     differing = [name for name in ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
                                    "head_dim", "intermediate_size", "vocab_size", "num_target_layers",
-                                   "target_layer_ids", "block_size", "mask_token_id")
+                                   "target_layer_ids", "block_size", "mask_token_id", "draft_vocab_size")
                  if getattr(reference.config, name) != getattr(head.config, name)]
-    return ("a different " + ", ".join(f"{name} ({getattr(head.config, name)} for {getattr(reference.config, name)})"
-                                       for name in differing)) if differing else None
+    if differing:
+        return "a different " + ", ".join(f"{name} ({getattr(head.config, name)} for {getattr(reference.config, name)})"
+                                          for name in differing)
+    if reference.lm_head is not None and not torch.equal(reference.draft_token_ids.cpu(), head.draft_token_ids.cpu()):
+        return "a different draft vocabulary (d2t)"
+    return None
 
 
 def round_trip(pair, written: dict[str, tuple[DFlashHead, DFlashHead, str, float]], prompt_ids: list[list[int]],
@@ -68,8 +85,8 @@ def round_trip(pair, written: dict[str, tuple[DFlashHead, DFlashHead, str, float
     checks = {"prompts": len(prompt_ids)}
     for name, (head, reference, reference_name, tolerance) in written.items():
         problem = layout_difference(reference, head)
-        difference = None if problem else (block_logits_probe(reference, embeddings, output)
-                                           - block_logits_probe(head, embeddings, output)).abs().max().item()
+        difference = None if problem else logit_difference(block_logits_probe(reference, embeddings, output),
+                                                           block_logits_probe(head, embeddings, output))
         if reference_name not in decoded:
             decoded[reference_name] = decode_with(reference)
         reference_tokens, reference_alpha = decoded[reference_name]
@@ -110,28 +127,33 @@ def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
             spec = ServerSpec(str(job.target_gguf), str(gguf_path), gamma=min(job.decode.gamma, head.config.block_size - 1),
                               spec_type=DFLASH_SPEC_TYPE)
             engine = dflash_engine_check(spec, job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log")
+    sglang_skipped = SGLANG_NEEDS_THE_TARGETS_HEAD if head.lm_head is not None else None
     flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
-                          min(job.gamma, head.config.block_size - 1))
-    files = {"vllm": "draft", "sglang": "draft", **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
-    return WrittenDraft(flags, checks, {"draft_kind": "dflash", "draft_vocab_size": None, "files": files,
-                                        "dflash": dflash_record(head)}, engine)
+                          min(job.gamma, head.config.block_size - 1), sglang=sglang_skipped is None)
+    files = {"vllm": "draft", **({"sglang": "draft"} if sglang_skipped is None else {}),
+             **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
+    return WrittenDraft(flags, checks, {"draft_kind": "dflash", "draft_vocab_size": head.config.draft_vocab_size,
+                                        "files": files, "dflash": dflash_record(head, sglang_skipped)}, engine)
 
 
-def dflash_record(head: DFlashHead) -> dict:
+def dflash_record(head: DFlashHead, sglang_skipped: str | None) -> dict:
     config = head.config
     return {"layers": config.num_hidden_layers, "target_layer_ids": list(config.target_layer_ids),
             "target_layers": config.num_target_layers, "block_size": config.block_size,
-            "mask_token_id": config.mask_token_id, "llama_cpp_step_costs": ENGINE_COSTS}
+            "mask_token_id": config.mask_token_id, "llama_cpp_step_costs": ENGINE_COSTS,
+            **({"sglang_skipped": sglang_skipped} if sglang_skipped else {})}
 
 
-def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int) -> dict:
-    """The engines' settings for a DFlash head; gamma at most the block's drafts (llama.cpp clamps to it)."""
+def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int,
+                  sglang: bool = True) -> dict:
+    """The engines' settings for a DFlash head; gamma at most the block's drafts (llama.cpp clamps to it); sglang:
+    whether SGLang can serve the head."""
     vllm_config = {"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": gamma}
-    # SGLang's verify window is the whole block, the last known token included
-    sglang = ["python", "-m", "sglang.launch_server", "--model-path", target.hf_path, "--host", "127.0.0.1",
-              "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(draft_dir),
-              "--speculative-num-draft-tokens", str(gamma + 1)]
-    flags = {"vllm_speculative_config": vllm_config, "vllm": vllm_args(target, vllm_config), "sglang": sglang}
+    flags = {"vllm_speculative_config": vllm_config, "vllm": vllm_args(target, vllm_config)}
+    if sglang:  # SGLang's verify window is the whole block, the last known token included
+        flags["sglang"] = ["python", "-m", "sglang.launch_server", "--model-path", target.hf_path, "--host",
+                           "127.0.0.1", "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
+                           str(draft_dir), "--speculative-num-draft-tokens", str(gamma + 1)]
     if draft_gguf is not None:
         flags["llama_cpp"] = llama_cpp_args(target, draft_gguf, DFLASH_SPEC_TYPE, gamma)
     return flags

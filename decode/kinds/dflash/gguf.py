@@ -10,8 +10,10 @@ src/models/dflash.cpp, common/speculative.cpp):
   (the checkpoint's target layer ids + 1: llama-server captures the inputs of those layers, which are the
   outputs the head was trained on); `tokenizer.ggml.mask_token_id`.
 - Tensors: fc [n H -> H], enc.output_norm (the hidden norm after fc), blk.N.attn_norm, attn_{q,k,v,output},
-  attn_q_norm, attn_k_norm, ffn_{norm,gate,up,down}, output_norm. No token_embd and no output: llama.cpp then
-  embeds and projects with the target's (its ctx_other).
+  attn_q_norm, attn_k_norm, ffn_{norm,gate,up,down}, output_norm. No token_embd: llama.cpp then embeds with the
+  target's (its ctx_other). A head with a draft vocabulary adds output [H -> draft vocab] and d2t (I64, the
+  absolute target id of each draft token: llama.cpp scatters the draft logits to those rows); without one there
+  is no output either and llama.cpp projects with the target's.
 - RoPE is NEOX (rotate-half), as transformers computes it: Q and K rows are written in transformers' order.
 - The tokenizer is the target's.
 """
@@ -51,9 +53,13 @@ LAYER_TENSORS = {  # layers.N.<name> -> blk.N.<name>
 }
 
 
-def tensor_names(layers: int) -> dict[str, str]:
-    """The head's state_dict names -> llama.cpp's."""
-    names = dict(HEAD_TENSORS)
+OUTPUT = {"lm_head.weight": "output.weight"}
+D2T = "d2t"
+
+
+def tensor_names(layers: int, own_output: bool = False) -> dict[str, str]:
+    """The head's state_dict names -> llama.cpp's (own_output: the head's draft-vocabulary output rows)."""
+    names = {**HEAD_TENSORS, **(OUTPUT if own_output else {})}
     for index in range(layers):
         names.update({f"layers.{index}.{own}": f"blk.{index}.{theirs}" for own, theirs in LAYER_TENSORS.items()})
     return names
@@ -95,7 +101,10 @@ def write_dflash_gguf(head: DFlashHead, tokenizer, path: Path, tokenizer_source_
     add_tokenizer(writer, tokenizer, tokenizer_source_gguf, config.vocab_size, "the head's target vocabulary")
     writer.add_uint32("tokenizer.ggml.mask_token_id", config.mask_token_id)
     state = head.state_dict()
-    for own, theirs in tensor_names(config.num_hidden_layers).items():
+    if head.lm_head is not None:
+        writer.add_tensor(D2T, head.draft_token_ids.detach().to(device="cpu", dtype=torch.int64).numpy(),
+                          raw_dtype=GGMLQuantizationType.I64)
+    for own, theirs in tensor_names(config.num_hidden_layers, head.lm_head is not None).items():
         data = state[own].detach().to(device="cpu", dtype=torch.float32).numpy()
         data_type = GGMLQuantizationType.F32 if data.ndim == 1 else OUTTYPES[outtype][0]
         try:
@@ -135,6 +144,8 @@ def read_dflash_gguf(path: Path, num_target_layers: int | None = None) -> DFlash
         raise ExportError(f"the DFlash GGUF {path} has no tokenizer.ggml.mask_token_id")
     capture = [int(layer) for layer in key("target_layers")]
     layers = int(key("block_count"))
+    tensors = {tensor.name: tensor for tensor in reader.tensors}
+    draft_ids = np.asarray(tensors[D2T].data, dtype=np.int64).reshape(-1) if D2T in tensors else None
     config = DFlashConfig(
         hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=int(key("attention.head_count_kv", heads)),
@@ -143,9 +154,9 @@ def read_dflash_gguf(path: Path, num_target_layers: int | None = None) -> DFlash
         vocab_size=int(key("vocab_size", len(_field(reader, "tokenizer.ggml.tokens", [])))),
         num_target_layers=num_target_layers or max(capture) + 1, target_layer_ids=[layer - 1 for layer in capture],
         block_size=int(key("block_size")), mask_token_id=int(mask), max_position_embeddings=int(key("context_length")),
+        draft_vocab_size=None if draft_ids is None else len(draft_ids),
         rope_parameters={"rope_type": "default", "rope_theta": float(key("rope.freq_base", 10000.0))})
-    tensors = {tensor.name: tensor for tensor in reader.tensors}
-    names = tensor_names(layers)
+    names = tensor_names(layers, draft_ids is not None)
     missing = [name for name in names.values() if name not in tensors]
     if missing:
         raise ExportError(f"{path} lacks the DFlash tensors {', '.join(missing[:5])}")
@@ -157,6 +168,10 @@ def read_dflash_gguf(path: Path, num_target_layers: int | None = None) -> DFlash
         data = dequantize(tensor.data, tensor.tensor_type).astype(np.float32).reshape(shape)
         weights[own] = torch.from_numpy(np.ascontiguousarray(data))
     head.load_state_dict(weights, strict=False)  # every weight is named above; the rotary table is computed
+    if draft_ids is not None:
+        head.set_draft_vocab(draft_ids.tolist())
+        if not np.array_equal(head.draft_token_ids.numpy(), draft_ids):
+            raise ExportError(f"{path}: d2t is not in increasing target-id order")
     return head.float().eval()
 
 
@@ -173,12 +188,15 @@ def check_dflash_gguf(head: DFlashHead, path: Path, outtype: str) -> None:
     layout = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
               "intermediate_size", "vocab_size", "target_layer_ids", "block_size", "mask_token_id",
               "max_position_embeddings")
-    differing = [name for name in layout if getattr(expected, name) != getattr(found, name)]
+    differing = [name for name in (*layout, "draft_vocab_size") if getattr(expected, name) != getattr(found, name)]
     if differing:
         raise ExportMismatch(f"the DFlash GGUF {path} reads back with a different {', '.join(differing)}")
+    if head.lm_head is not None and not torch.equal(written.draft_token_ids, head.draft_token_ids.cpu()):
+        raise ExportMismatch(f"the DFlash GGUF {path} reads back with a different draft vocabulary (d2t)")
     reference = gguf_reference(head, outtype).state_dict()
     difference = max((reference[name] - tensor).abs().max().item()
-                     for name, tensor in written.state_dict().items() if not name.startswith("rotary_emb."))
+                     for name, tensor in written.state_dict().items() if not name.startswith("rotary_emb.")
+                     and name != "d2t")
     if not difference <= CHECK_TOLERANCE:
         raise ExportMismatch(f"the DFlash GGUF {path} reads back with weights up to {difference:.3g} away from the "
                              f"head's rounded to {outtype} (allowed {CHECK_TOLERANCE})")

@@ -10,7 +10,11 @@ block together:
     q       = q_norm(q_proj(x))                               x = input_layernorm(block hidden), per head
     k, v    = k_norm(k_proj(cat[context, x])), v_proj(cat[context, x])
     RoPE on q and k at their own positions; the block attends to all the context and to the whole block
-    logits  = target lm_head(norm(h))                          at the block's positions 1 .. gamma
+    logits  = lm_head(norm(h))                                 at the block's positions 1 .. gamma
+
+lm_head is the target's own output matrix, or, for a head with a draft vocabulary, rows of it the head trains
+(draft token i is target token i + d2t[i], every other token has q = 0), as EAGLE-3 heads and the engines' DFlash
+loaders (vLLM, llama.cpp) take it.
 
 The output at block position j is the distribution of the token at that position (in-place denoising), each
 drawn from its own distribution. The target layer ids are layer *outputs* (transformers' hidden_states[i + 1]).
@@ -31,6 +35,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 
 from decode.errors import PairError
 from decode.files import published
+from decode.kinds.eagle3.head import set_offsets
 
 CHECKPOINT_FILE = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"
@@ -70,6 +75,8 @@ class DFlashConfig:
     block_size: int  # tokens a block holds: the last known one and block_size - 1 masks (its most drafts)
     mask_token_id: int
     mask_token: str | None = None  # its text: SGLang checks the id against the tokenizer's entry for it
+    # a head of its own output matrix over these many of the target's tokens (d2t); None: the target's output matrix
+    draft_vocab_size: int | None = None
     max_position_embeddings: int = 4096
     rope_parameters: dict = field(default_factory=lambda: {"rope_type": "default", "rope_theta": 10000.0})
 
@@ -149,6 +156,32 @@ class DFlashHead(nn.Module):
         self.layers = nn.ModuleList([DFlashLayer(config) for _ in range(config.num_hidden_layers)])
         self.norm = LlamaRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
         self.rotary_emb = LlamaRotaryEmbedding(config.module_config())
+        self.lm_head = None
+        if config.draft_vocab_size is not None:
+            self.lm_head = nn.Linear(config.hidden_size, config.draft_vocab_size, bias=False)
+            self.register_buffer("d2t", torch.zeros(config.draft_vocab_size, dtype=torch.long))
+
+    @property
+    def draft_token_ids(self) -> torch.Tensor | None:
+        """[draft_vocab] the target id of each draft token (None: the whole vocabulary)."""
+        if self.lm_head is None:
+            return None
+        return torch.arange(self.config.draft_vocab_size, device=self.d2t.device) + self.d2t
+
+    def set_draft_vocab(self, target_ids: list[int]) -> None:
+        """The target tokens the head proposes, in increasing order (draft token i = target_ids[i])."""
+        set_offsets(self.d2t, target_ids)
+
+    def output_matrix(self, target_output: torch.Tensor) -> torch.Tensor:
+        """The rows the logits are computed with: the head's own over its draft vocabulary, else the target's."""
+        return target_output if self.lm_head is None else self.lm_head.weight
+
+    def full_vocab_logits(self, logits: torch.Tensor) -> torch.Tensor:
+        """[..., draft_vocab] -> [..., vocab]: -inf (q = 0) for every token outside the draft vocabulary."""
+        if self.lm_head is None:
+            return logits
+        full = logits.new_full((*logits.shape[:-1], self.config.vocab_size), float("-inf"))
+        return full.index_copy_(-1, self.draft_token_ids, logits)
 
     def rope(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """positions [B, T] -> cos, sin [B, 1, T, head_dim]."""
@@ -197,20 +230,24 @@ class DFlashHead(nn.Module):
 
     @property
     def matrices(self) -> list[torch.Tensor]:
-        """Every weight matrix a round multiplies by (the target's output matrix is the runner's)."""
+        """Every weight matrix a round multiplies by (the target's output matrix, where the head uses it, is the
+        runner's)."""
         found = [self.fc.weight]
         for layer in self.layers:
             attn, mlp = layer.self_attn, layer.mlp
             found += [attn.q_proj.weight, attn.k_proj.weight, attn.v_proj.weight, attn.o_proj.weight,
                       mlp.gate_proj.weight, mlp.up_proj.weight, mlp.down_proj.weight]
-        return found
+        return found + ([self.lm_head.weight] if self.lm_head is not None else [])
 
 
 def new_head(target, num_layers: int, block_size: int, mask_token_id: int, target_layers=None,
-             seed: int = 0) -> DFlashHead:
+             draft_token_ids: list[int] | None = None, seed: int = 0) -> DFlashHead:
     """A fresh head for `target`: its layers start as copies of the target's first layers (q_norm and k_norm at 1),
-    fc at random, the norms at the target's final norm, so it starts out in the target's own token space."""
+    fc at random, the norms at the target's final norm, so it starts out in the target's own token space.
+    draft_token_ids: a draft vocabulary, its output rows starting as the target's (None: the target's matrix)."""
     config = DFlashConfig.for_target(target.config, num_layers, block_size, mask_token_id, target_layers)
+    if draft_token_ids is not None:
+        config.draft_vocab_size = len(draft_token_ids)
     torch.manual_seed(seed)
     head = DFlashHead(config)
     nn.init.normal_(head.fc.weight, std=getattr(target.config, "initializer_range", 0.02))
@@ -221,6 +258,9 @@ def new_head(target, num_layers: int, block_size: int, mask_token_id: int, targe
                                              if name in own}})
         head.norm.weight.copy_(target.model.norm.weight)
         head.hidden_norm.weight.copy_(target.model.norm.weight)
+        if draft_token_ids is not None:
+            head.set_draft_vocab(draft_token_ids)
+            head.lm_head.weight.copy_(target.get_output_embeddings().weight[head.draft_token_ids.to(target.device)])
     parameter = next(target.parameters())
     return head.to(dtype=parameter.dtype, device=parameter.device)
 
@@ -231,6 +271,7 @@ def dflash_config_json(config: DFlashConfig, verifier: str | None = None) -> dic
     layer = config.layer_config().to_dict()
     layer.update(architectures=[ARCHITECTURE], model_type="qwen3", num_target_layers=config.num_target_layers,
                  block_size=config.block_size,
+                 **({"draft_vocab_size": config.draft_vocab_size} if config.draft_vocab_size else {}),
                  dflash_config={"mask_token_id": config.mask_token_id,
                                 "target_layer_ids": list(config.target_layer_ids),
                                 **({"mask_token": config.mask_token} if config.mask_token else {})},
@@ -242,7 +283,8 @@ def dflash_config_json(config: DFlashConfig, verifier: str | None = None) -> dic
 
 
 def head_state_dict(head: DFlashHead) -> dict[str, torch.Tensor]:
-    """The tensors under the reference names (no rotary table; no embeddings or output matrix: the target's)."""
+    """The tensors under the reference names (no rotary table; no embeddings: the target's; lm_head and d2t only
+    for a head with a draft vocabulary)."""
     return {name: tensor.detach().contiguous() for name, tensor in head.state_dict().items()
             if not name.startswith("rotary_emb.")}
 
@@ -272,6 +314,7 @@ def config_from_json(raw: dict) -> DFlashConfig:
         return DFlashConfig(**raw["specdraft_dflash"])
     dflash = raw.get("dflash_config") or {}  # a head trained elsewhere
     heads = raw["num_attention_heads"]
+    draft_vocab = raw.get("draft_vocab_size")
     if dflash.get("mask_token_id") is None or not dflash.get("target_layer_ids"):
         raise PairError("a DFlash config.json needs dflash_config.mask_token_id and dflash_config.target_layer_ids")
     return DFlashConfig(
@@ -281,6 +324,7 @@ def config_from_json(raw: dict) -> DFlashConfig:
         rms_norm_eps=raw.get("rms_norm_eps", 1e-6), vocab_size=raw["vocab_size"],
         num_target_layers=raw["num_target_layers"], target_layer_ids=list(dflash["target_layer_ids"]),
         block_size=raw.get("block_size", 16), mask_token_id=int(dflash["mask_token_id"]),
+        draft_vocab_size=draft_vocab if draft_vocab and draft_vocab != raw["vocab_size"] else None,
         max_position_embeddings=raw.get("max_position_embeddings", 4096),
         rope_parameters=raw.get("rope_parameters") or {"rope_type": "default",
                                                        "rope_theta": raw.get("rope_theta", 10000.0)})
@@ -292,7 +336,8 @@ def load_head(directory, dtype: torch.dtype | None = None, device: torch.device 
         raise PairError(f"{directory} is not a DFlash head (no config.json with architectures {ARCHITECTURE})")
     head = DFlashHead(config_from_json(json.loads((directory / "config.json").read_text())))
     tensors = load_file(str(directory / CHECKPOINT_FILE))
-    tensors = {name: tensor for name, tensor in tensors.items() if name not in ("embed_tokens.weight", "lm_head.weight")}
+    tensors = {name: tensor for name, tensor in tensors.items() if name != "embed_tokens.weight"
+               and not (head.lm_head is None and name == "lm_head.weight")}
     missing, unexpected = head.load_state_dict(tensors, strict=False)
     missing = [name for name in missing if not name.startswith("rotary_emb.")]
     if missing or unexpected:

@@ -85,19 +85,18 @@ class DFlashKind(DraftKind):
             raise ConfigError("method.on_policy_answers is not supported for pair.draft.kind=dflash; set it to 0")
 
     def starting_draft(self, pair, method, draft_vocabulary: list[int] | None, seed: int) -> DFlashHead:
-        """A copy of the head at pair.draft.path (retraining a champion), else a fresh head with the configured
-        layers and mask token; its block is method.parallel_tokens drafts. draft_vocabulary: the tokens training
-        scores (the head decodes over the whole vocabulary)."""
+        """A copy of the head at pair.draft.path (retraining a champion: its weights and its vocabulary), else a
+        fresh head with the configured layers and mask token over the draft vocabulary (None: the target's output
+        matrix over the whole vocabulary); its block is method.parallel_tokens drafts."""
         configured: DFlashHead = pair.draft
         config = configured.config
         if pair.draft_path:
             head = copy.deepcopy(configured).float().train()
         else:
             head = new_head(pair.target, config.num_hidden_layers, method.parallel_tokens + 1, config.mask_token_id,
-                            config.target_layer_ids, seed).float().train()
+                            config.target_layer_ids, draft_vocabulary, seed).float().train()
             head.config.mask_token = config.mask_token
         head.config.block_size = method.parallel_tokens + 1
-        head.train_vocab = draft_vocabulary
         return head
 
     def training_inputs(self, ctx, draft: DFlashHead, splits: list[tuple[list[Example], str]], batch_size: int):
@@ -114,10 +113,10 @@ class DFlashKind(DraftKind):
     def objective(self, draft: DFlashHead, pair, method, device: torch.device) -> BlockObjective:
         return BlockObjective(draft, pair.target.get_input_embeddings().weight,
                               pair.target.get_output_embeddings().weight, pair.vocab_size, method.parallel_tokens,
-                              getattr(draft, "train_vocab", None), device)
+                              device)
 
     def draft_vocab_size(self, draft: DFlashHead, vocab_size: int) -> int | None:
-        return None  # the target's output matrix over the whole vocabulary
+        return draft.config.draft_vocab_size  # None: the target's output matrix over the whole vocabulary
 
     def save(self, draft: DFlashHead, ctx, gamma: int) -> None:
         draft = draft.to(dtype=next(ctx.pair.target.parameters()).dtype)
@@ -133,10 +132,17 @@ class DFlashKind(DraftKind):
         return [f"- draft: a DFlash head ({dflash['layers']} decoder layers over the target's hidden states) that "
                 f"drafts up to {dflash['block_size'] - 1} tokens in one forward, reading the outputs of target layers "
                 f"{dflash['target_layer_ids']} (of {dflash['target_layers']}); mask token {dflash['mask_token_id']}",
+                f"- draft vocabulary: {record.draft_vocab_size} of the target's tokens (its own output rows; draft "
+                f"token i is target token i + d2t[i])" if record.draft_vocab_size else
                 "- draft vocabulary: the target's (it uses the target's embeddings and output matrix)"]
 
     def card_notes(self, record: ExportRecord) -> list[str]:
-        return [f"llama.cpp step costs: {record.dflash['llama_cpp_step_costs']}.", ""]
+        masks = record.dflash["block_size"] - 1
+        skipped = record.dflash.get("sglang_skipped")
+        return ([f"No SGLang command: {skipped}.", ""] if skipped else []) + [f"vLLM (`method: dflash`) runs `num_speculative_tokens` masks a round and SGLang (`DFLASH`) the block "
+                f"its `--speculative-num-draft-tokens` names; the head was trained with {masks} masks, which llama.cpp "
+                f"(`draft-dflash`) always runs, using the first `--spec-draft-n-max` of them.", "",
+                f"llama.cpp step costs: {record.dflash['llama_cpp_step_costs']}.", ""]
 
     def engine_gguf(self, draft: DFlashHead, tokenizer, path: Path, tokenizer_source_gguf, outtype: str):
         return export.engine_gguf(draft, tokenizer, path, tokenizer_source_gguf, outtype)

@@ -20,13 +20,13 @@ from decode.kinds.dflash.head import DFlashHead
 from decode.kinds.eagle3.features import FeaturedExample, collate_with_target_hidden
 
 
-def block_logits(head: DFlashHead, target_embeddings: torch.Tensor, output_rows: torch.Tensor,
+def block_logits(head: DFlashHead, target_embeddings: torch.Tensor, target_output: torch.Tensor,
                  input_ids: torch.Tensor, target_hidden: torch.Tensor, attention_mask: torch.Tensor,
                  drafts: int) -> torch.Tensor:
     """-> logits [B, drafts, T, C]: at [b, j - 1, P] the head's distribution for token P + j from the block at
-    anchor P, over the columns output_rows [C, H] (rows of the target's output matrix).
+    anchor P, over its columns (its draft vocabulary, else the whole vocabulary through target_output).
 
-    target_embeddings [vocab, H] and output_rows are the target's (frozen); input_ids, attention_mask [B, T]
+    target_embeddings [vocab, H] and target_output [vocab, H] are the target's (frozen); input_ids, attention_mask [B, T]
     (right-padded); target_hidden [B, T, n x H]: the target's layer outputs at each index. Entries whose token
     lies past a row's end hold values no loss should read.
     """
@@ -56,7 +56,7 @@ def block_logits(head: DFlashHead, target_embeddings: torch.Tensor, output_rows:
                                              enable_gqa=config.num_attention_heads != config.num_key_value_heads)
         hidden = head.finish(index, out, hidden)
     drafted = hidden.view(batch, length, span, -1)[:, :, 1:]  # [B, T, drafts, H]
-    return F.linear(head.norm(drafted), output_rows.to(dtype)).transpose(1, 2)
+    return F.linear(head.norm(drafted), head.output_matrix(target_output.to(dtype))).transpose(1, 2)
 
 
 class BlockHead(nn.Module):
@@ -67,36 +67,39 @@ class BlockHead(nn.Module):
         self.head = head
         self.drafts = drafts
 
-    def forward(self, target_embeddings, output_rows, input_ids, target_hidden, attention_mask) -> torch.Tensor:
-        return block_logits(self.head, target_embeddings, output_rows, input_ids, target_hidden, attention_mask,
+    def forward(self, target_embeddings, target_output, input_ids, target_hidden, attention_mask) -> torch.Tensor:
+        return block_logits(self.head, target_embeddings, target_output, input_ids, target_hidden, attention_mask,
                             self.drafts)
 
 
 class BlockObjective(TrainingObjective):
     """The examples carry the target's layer outputs (FeaturedExample). The embedding and output matrices are the
-    target's: plain tensors beside the head, neither trained nor saved. A pruned vocabulary (train_vocab) scores
-    the draft over its kept tokens during training; the head proposes from the whole vocabulary when it decodes,
-    as the engines run it."""
+    target's: plain tensors beside the head, neither trained nor saved; a head with a draft vocabulary trains its
+    own output rows, and the target tokens outside them join the loss's bucket."""
 
     fsdp_units_below_root = False  # the block forward reads its submodules' weights without calling them
 
     def __init__(self, head: DFlashHead, target_embeddings: torch.Tensor, target_output: torch.Tensor,
-                 vocab_size: int, drafts: int, kept: list[int] | None, device: torch.device):
+                 vocab_size: int, drafts: int, device: torch.device):
         self.module = BlockHead(head, drafts)
         self.draft_steps = drafts
         self.vocab_size = vocab_size
         self.target_embeddings = target_embeddings.detach().to(device)
-        columns = torch.tensor(sorted(kept), device=device) if kept else torch.arange(vocab_size, device=device)
-        self.output_rows = target_output.detach().to(device)[columns]
-        self.kept_index = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
+        self.target_output = target_output.detach().to(device)
+        # a vocabulary id -> its column of the logits (-1: outside the draft vocabulary, joins the bucket)
+        columns = head.draft_token_ids
+        columns = torch.arange(head.config.vocab_size, device=device) if columns is None else columns.to(device)
+        self.kept_index = torch.full((max(vocab_size, head.config.vocab_size),), -1, dtype=torch.long, device=device)
         self.kept_index[columns] = torch.arange(len(columns), device=device)
+        self.kept_index = self.kept_index[:vocab_size]
+        self.outside_vocab = columns >= vocab_size  # columns the decoder never samples: out of the softmax
 
     def collate(self, examples: list[FeaturedExample], pad_token_id: int) -> dict:
         return collate_with_target_hidden(examples, pad_token_id)
 
     def _steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
         with autocast():
-            logits = module(self.target_embeddings, self.output_rows, batch["input_ids"], batch["target_hidden"],
+            logits = module(self.target_embeddings, self.target_output, batch["input_ids"], batch["target_hidden"],
                             batch["attention_mask"])
         length = batch["input_ids"].shape[1]
         return [DraftStep(logits[:, step, : length - step], shift=step, columns=self.kept_index)
@@ -106,8 +109,8 @@ class BlockObjective(TrainingObjective):
         return self._steps(module, batch, autocast)
 
     def validation_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
-        return [DraftStep(step.logits.to(torch.promote_types(step.logits.dtype, torch.float32)), shift=step.shift,
-                          columns=step.columns)  # bf16 under autocast: scored in float32
+        return [DraftStep(step.logits.to(torch.promote_types(step.logits.dtype, torch.float32))  # bf16: float32
+                          .masked_fill(self.outside_vocab, float("-inf")), shift=step.shift, columns=step.columns)
                 for step in self._steps(module, batch, autocast)]
 
     def bf16_probe(self, module: BlockHead, probe_batch: tuple[int, int], device: torch.device):
@@ -120,7 +123,7 @@ class BlockObjective(TrainingObjective):
         attention_mask = torch.ones(probe_batch, dtype=torch.long, device=device)
 
         def step():
-            module(self.target_embeddings, self.output_rows, ids, target_hidden,
+            module(self.target_embeddings, self.target_output, ids, target_hidden,
                    attention_mask).float().logsumexp(-1).mean().backward()
 
         return step, config.hidden_size

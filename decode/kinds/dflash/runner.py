@@ -24,13 +24,13 @@ class DFlashRunner:
             raise ValueError(f"the head knows {head.config.vocab_size} tokens, the tokenizer {vocab_size}")
         self.head = head
         self.target_embeddings = target_embeddings  # the target's own input and output matrices: the head has none
-        self.target_output = target_output
         self.vocab_size = vocab_size
         self.capture_layers = tuple(head.config.capture_layers)
         parameter = next(head.parameters())
         self.dtype, self.device = parameter.dtype, parameter.device
         self.cache: KVCache | None = None
-        self.skinny_route = skinny_route(head.matrices + [target_output])
+        self.output = head.output_matrix(target_output)
+        self.skinny_route = skinny_route(head.matrices + ([target_output] if head.lm_head is None else []))
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """x @ weight.T through the kernel this machine measured fastest for x's row count and this weight's shape."""
@@ -73,4 +73,5 @@ class DFlashRunner:
             out = F.scaled_dot_product_attention(query, keys, values, attn_mask=attend,
                                                  enable_gqa=config.num_attention_heads != config.num_key_value_heads)
             hidden = head.finish(index, out, hidden, self.linear)
-        return self.linear(head.norm(hidden[:, 1:]), self.target_output)[..., : self.vocab_size]
+        logits = head.full_vocab_logits(self.linear(head.norm(hidden[:, 1:]), self.output))
+        return logits[..., : self.vocab_size]

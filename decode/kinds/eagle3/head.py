@@ -145,11 +145,7 @@ class Eagle3Head(nn.Module):
 
     def set_draft_vocab(self, target_ids: list[int]) -> None:
         """The target tokens the head proposes, in increasing order (draft token i = target_ids[i])."""
-        ids = torch.tensor(sorted(target_ids), dtype=torch.long, device=self.d2t.device)
-        if len(ids) != self.config.draft_vocab_size or len(set(ids.tolist())) != len(ids):
-            raise ValueError(f"the draft vocabulary needs {self.config.draft_vocab_size} distinct target ids, "
-                             f"got {len(ids)}")
-        self.d2t.copy_(ids - torch.arange(len(ids), device=ids.device))
+        ids = set_offsets(self.d2t, target_ids)
         self.t2d.zero_()
         self.t2d[ids] = True
 
@@ -211,6 +207,16 @@ class Eagle3Head(nn.Module):
         """[..., draft_vocab] -> [..., vocab]: -inf (q = 0) for every token outside the draft vocabulary."""
         full = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), float("-inf"))
         return full.index_copy_(-1, self.draft_token_ids, draft_logits)
+
+
+def set_offsets(d2t: torch.Tensor, target_ids: list[int]) -> torch.Tensor:
+    """Writes d2t [draft_vocab] for a draft vocabulary of these target ids, in increasing order (draft token i is
+    target token i + d2t[i], as the engines read it) -> the ids."""
+    ids = torch.tensor(sorted(target_ids), dtype=torch.long, device=d2t.device)
+    if len(ids) != len(d2t) or len(set(ids.tolist())) != len(ids):
+        raise ValueError(f"the draft vocabulary needs {len(d2t)} distinct target ids, got {len(ids)}")
+    d2t.copy_(ids - torch.arange(len(ids), device=ids.device))
+    return ids
 
 
 def new_head(target, draft_token_ids: list[int], capture_layers=None, norm_before_residual: bool = False,
