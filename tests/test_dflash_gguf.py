@@ -1,7 +1,6 @@
 """A DFlash head written to GGUF: it reads back as the head, its layout is llama.cpp's converter's (b11434), and
 llama-server drafts with it exactly what the head computes, without changing the target's greedy output."""
 
-import re
 from dataclasses import dataclass, replace
 
 import gguf
@@ -17,6 +16,7 @@ from decode.kinds.dflash.head import new_head
 from decode.kinds.dflash.runner import DFlashRunner
 from decode.serving.llama_server import LlamaServer, ServerSpec
 from decode.tiny import tiny_llama, tiny_tokenizer
+from test_eagle3_gguf import logged_draft_rounds
 
 TARGET_LAYERS = [0, 2]  # outputs of layers 0 and 2 of the 4-layer tiny target: the inputs of layers 1 and 3
 BLOCK = 4
@@ -149,19 +149,6 @@ class DebugServerSpec(ServerSpec):
 
 
 MAX_TOKENS = 12
-DRAFTED = re.compile(r"draft candidate\s+0, pos\s+(\d+):\s+(\d+) \(\s*([\d.]+)\)")
-
-
-def logged_draft_rounds(log: str) -> list[list[tuple[int, float]]]:
-    """Each draft call's tokens (target id, probability), from llama-server's debug log."""
-    rounds = []
-    for line in log.splitlines():
-        match = DRAFTED.search(line)
-        if match:
-            if int(match[1]) == 0:
-                rounds.append([])
-            rounds[-1].append((int(match[2]), float(match[3])))
-    return rounds
 
 
 def head_block(head, target, known: list[int]) -> list[tuple[int, float]]:

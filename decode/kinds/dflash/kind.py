@@ -19,9 +19,10 @@ from decode.kinds.dflash.drafter import DFlashDrafter
 from decode.kinds.dflash.head import DFlashHead, check_head_fits, is_dflash_directory, load_head, new_head, save_head
 from decode.kinds.dflash.objective import BlockObjective
 from decode.kinds.dflash.runner import DFlashRunner
-from decode.kinds.eagle3.features import target_features
+from decode.kinds.eagle3 import kind as eagle3_kind
+from decode.kinds.eagle3.features import featured_splits
 from decode.kinds.parallel.mask_token import unused_special_token
-from decode.models import ModelSpec, eos_token_ids, locate, model_fingerprint, resolve_dtype
+from decode.models import ModelSpec, eos_token_ids, resolve_dtype
 
 DEFAULT_LAYERS = 2  # the head's decoder layers where pair.draft.derive_layers does not say
 UNTRAINED_BLOCK = 4  # a fresh head's block before training sets method.parallel_tokens + 1
@@ -101,14 +102,7 @@ class DFlashKind(DraftKind):
 
     def training_inputs(self, ctx, draft: DFlashHead, splits: list[tuple[list[Example], str]], batch_size: int):
         """The target's outputs of the head's layers beside every example (cached per answers dataset)."""
-        target_fingerprint = model_fingerprint(ctx.target_spec)
-        features = [target_features(ctx.pair.target, examples, draft.config.capture_layers, directory,
-                                    target_fingerprint, batch_size, ctx.accelerator)
-                    for examples, directory in splits]
-        record = {"feature_seconds": round(sum(f.seconds for f in features), 2),
-                  "feature_tokens": sum(f.tokens for f in features),
-                  "feature_bytes_per_token": features[0].bytes_per_token}
-        return [f.with_examples(examples) for f, (examples, _) in zip(features, splits)], record
+        return featured_splits(ctx, draft.config.capture_layers, splits, batch_size)
 
     def objective(self, draft: DFlashHead, pair, method, device: torch.device) -> BlockObjective:
         return BlockObjective(draft, pair.target.get_input_embeddings().weight,
@@ -150,10 +144,4 @@ class DFlashKind(DraftKind):
 
 def head_directory(spec: ModelSpec) -> str | None:
     """The directory of the DFlash head spec.path names (itself, or an export's draft/), else None."""
-    if not spec.path or spec.path.endswith(".gguf") or "://" in spec.path:
-        return None
-    try:
-        directory, _ = locate(spec)
-    except PairError:
-        return None
-    return directory if is_dflash_directory(directory) else None
+    return eagle3_kind.head_directory(spec, is_dflash_directory)

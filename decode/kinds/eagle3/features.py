@@ -21,7 +21,7 @@ from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
 from decode.files import published
-from decode.models import cache_root
+from decode.models import cache_root, model_fingerprint
 from decode.examples import Example, collate
 
 log = logging.getLogger(__name__)
@@ -149,3 +149,16 @@ def collate_with_target_hidden(examples: list[FeaturedExample], pad_token_id: in
         target_hidden[row, : len(example.target_hidden)] = example.target_hidden
     batch["target_hidden"] = target_hidden
     return batch
+
+
+def featured_splits(ctx, capture_layers: list[int], splits: list[tuple[list[Example], str]], batch_size: int):
+    """Each split's examples with the target's states at `capture_layers` beside them (cached per answers
+    dataset), and what the train record says of computing them: what a head over the target's states trains on."""
+    target_fingerprint = model_fingerprint(ctx.target_spec)
+    features = [target_features(ctx.pair.target, examples, capture_layers, directory, target_fingerprint,
+                                batch_size, ctx.accelerator)
+                for examples, directory in splits]
+    record = {"feature_seconds": round(sum(f.seconds for f in features), 2),
+              "feature_tokens": sum(f.tokens for f in features),
+              "feature_bytes_per_token": features[0].bytes_per_token}
+    return [f.with_examples(examples) for f, (examples, _) in zip(features, splits)], record

@@ -16,12 +16,12 @@ from decode.export.record import ExportRecord
 from decode.kinds.base import DraftKind
 from decode.kinds.eagle3 import export
 from decode.kinds.eagle3.drafter import Eagle3Drafter
-from decode.kinds.eagle3.features import target_features
+from decode.kinds.eagle3.features import featured_splits
 from decode.kinds.eagle3.gguf import write_eagle3_gguf
 from decode.kinds.eagle3.head import Eagle3Head, check_head_fits, is_eagle3_directory, load_head, new_head, save_head
 from decode.kinds.eagle3.objective import UnrolledObjective
 from decode.kinds.eagle3.runner import Eagle3Runner
-from decode.models import ModelSpec, locate, model_fingerprint, resolve_dtype
+from decode.models import ModelSpec, locate, resolve_dtype
 
 
 class Eagle3Kind(DraftKind):
@@ -85,14 +85,7 @@ class Eagle3Kind(DraftKind):
 
     def training_inputs(self, ctx, draft: Eagle3Head, splits: list[tuple[list[Example], str]], batch_size: int):
         """The target's states at the head's capture layers beside every example (cached per answers dataset)."""
-        target_fingerprint = model_fingerprint(ctx.target_spec)
-        features = [target_features(ctx.pair.target, examples, draft.config.capture_layers, directory,
-                                    target_fingerprint, batch_size, ctx.accelerator)
-                    for examples, directory in splits]
-        record = {"feature_seconds": round(sum(f.seconds for f in features), 2),
-                  "feature_tokens": sum(f.tokens for f in features),
-                  "feature_bytes_per_token": features[0].bytes_per_token}
-        return [f.with_examples(examples) for f, (examples, _) in zip(features, splits)], record
+        return featured_splits(ctx, draft.config.capture_layers, splits, batch_size)
 
     def objective(self, draft: Eagle3Head, pair, method, device: torch.device) -> UnrolledObjective:
         return UnrolledObjective(draft, pair.target.get_input_embeddings().weight, pair.vocab_size,
@@ -136,12 +129,13 @@ class Eagle3Kind(DraftKind):
                                  outtype=outtype)
 
 
-def head_directory(spec: ModelSpec) -> str | None:
-    """The directory of the EAGLE-3 head spec.path names (itself, or an export's draft/), else None."""
+def head_directory(spec: ModelSpec, is_head_directory=is_eagle3_directory) -> str | None:
+    """The directory of the head spec.path names (itself, or an export's draft/) when is_head_directory says it
+    holds one (an EAGLE-3 head by default), else None."""
     if not spec.path or spec.path.endswith(".gguf") or "://" in spec.path:
         return None
     try:
         directory, _ = locate(spec)
     except PairError:
         return None
-    return directory if is_eagle3_directory(directory) else None
+    return directory if is_head_directory(directory) else None
