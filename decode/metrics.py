@@ -107,6 +107,8 @@ class DecodeMetrics:
                 for a, t in zip(self.rule_accepted_per_position.get(rule, []), self.tested_per_position)]
 
     def acceptance_by_position(self) -> list[float]:
+        """accepted / drafted at each draft position: alpha there, which counts the rounds rejected earlier as
+        drafted, not the conditional per-token acceptance accepted / tested (rule_acceptance_by_position)."""
         return [a / d if d else float("nan")
                 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
 
