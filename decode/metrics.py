@@ -106,17 +106,24 @@ class DecodeMetrics:
         return [a / t if t else float("nan")
                 for a, t in zip(self.rule_accepted_per_position.get(rule, []), self.tested_per_position)]
 
-    def acceptance_by_position(self) -> list[float]:
+    def alpha_by_position(self) -> list[float]:
         """accepted / drafted at each draft position: alpha there, which counts the rounds rejected earlier as
-        drafted, not the conditional per-token acceptance accepted / tested (rule_acceptance_by_position)."""
+        drafted."""
         return [a / d if d else float("nan")
                 for a, d in zip(self.accepted_per_position, self.drafted_per_position)]
+
+    def token_acceptance_by_position(self) -> list[float]:
+        """accepted / tested at each draft position: the per-token acceptance there, given that every earlier
+        position was accepted."""
+        return [a / t if t else float("nan")
+                for a, t in zip(self.accepted_per_position, self.tested_per_position)]
 
     def to_dict(self) -> dict:
         out = asdict(self)
         out.update(alpha=self.alpha, token_acceptance=self.token_acceptance, mean_accepted_length=self.mean_accepted_length,
                    other_s=self.other_s, overhead_share=self.overhead_share, tokens_per_s=self.tokens_per_s,
-                   acceptance_by_position=self.acceptance_by_position())
+                   alpha_by_position=self.alpha_by_position(),
+                   token_acceptance_by_position=self.token_acceptance_by_position())
         return out
 
 

@@ -64,7 +64,8 @@ class AcceptanceFigures:
     token_acceptance: Optional[float] = None  # accepted / tested
     token_acceptance_interval: Optional[list[float]] = None
     mean_accepted_length: Optional[float] = None
-    acceptance_by_position: list[Optional[float]] = field(default_factory=list)
+    alpha_by_position: list[Optional[float]] = field(default_factory=list)  # accepted / drafted there
+    token_acceptance_by_position: list[Optional[float]] = field(default_factory=list)  # accepted / tested there
     tokens_per_s: Optional[float] = None
     ar_tokens_per_s: Optional[float] = None
     speedup: Optional[float] = None
@@ -84,6 +85,14 @@ class AcceptanceFigures:
     @classmethod
     def from_json(cls, data: dict) -> AcceptanceFigures:
         known = _known(cls, data)
+        if "acceptance_by_position" in data:  # its name before the per-token rates by position were kept too
+            known.setdefault("alpha_by_position", data["acceptance_by_position"])
+        if "token_acceptance_by_position" not in data:
+            counts = data.get("counts") or {}
+            known["token_acceptance_by_position"] = [
+                accepted / tested if tested else None
+                for accepted, tested in zip(counts.get("accepted_per_position", []),
+                                            counts.get("tested_per_position", []))]
         rules = {rule: RuleFigures(**figures) for rule, figures in known.pop("rules", {}).items()}
         return cls(**known, rules=rules)
 

@@ -77,7 +77,8 @@ def figures(spec: list[DecodeMetrics], ar: list[DecodeMetrics], gamma: int, step
         alpha=finite(total.alpha), alpha_interval=intervals["alpha_interval"],
         token_acceptance=acceptance, token_acceptance_interval=intervals["token_acceptance_interval"],
         mean_accepted_length=finite(total.mean_accepted_length),
-        acceptance_by_position=[finite(rate) for rate in total.acceptance_by_position()],
+        alpha_by_position=[finite(rate) for rate in total.alpha_by_position()],
+        token_acceptance_by_position=[finite(rate) for rate in total.token_acceptance_by_position()],
         tokens_per_s=finite(total.tokens_per_s), counts=asdict(total), rules=rule_figures(spec, samples, seed))
     if step_costs is not None and acceptance is not None:
         result.c, result.v = step_costs.c, step_costs.v(gamma)

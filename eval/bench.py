@@ -215,7 +215,8 @@ def _finish_row(row: dict) -> None:
                    mean_accepted_length=metrics.mean_accepted_length,
                    overhead_share=metrics.overhead_share, ttft_ms=1000 * metrics.ttft_s / metrics.calls,
                    draft_s=metrics.draft_s, verify_s=metrics.verify_s, other_s=metrics.other_s,
-                   acceptance_by_position=metrics.acceptance_by_position())
+                   alpha_by_position=metrics.alpha_by_position(),
+                   token_acceptance_by_position=metrics.token_acceptance_by_position())
 
 
 def server_peak_mb(server: LlamaServer) -> float:

@@ -421,21 +421,21 @@ def plot_alpha(report: dict, path: Path) -> None:
 
 
 def plot_acceptance_by_position(report: dict, path: Path) -> None:
-    """Acceptance at each draft position, a line per domain, a panel per draft."""
+    """Per-token acceptance (accepted / tested) at each draft position, a line per domain, a panel per draft."""
     drafts = report_drafts(report)
     figure = Figure(figsize=(5 * len(drafts), 4), layout="constrained")
     panels = figure.subplots(1, len(drafts), sharey=True, squeeze=False)[0]
     for axes, (label, draft) in zip(panels, drafts.items()):
         for name, figures in [*draft["domains"].items(), (ALL_DOMAINS, draft["overall"])]:
-            rates = [math.nan if rate is None else rate for rate in figures["acceptance_by_position"]]
+            rates = [math.nan if rate is None else rate for rate in figures["token_acceptance_by_position"]]
             style = {"color": "black", "linewidth": 2} if name == ALL_DOMAINS else {}
             axes.plot(range(1, len(rates) + 1), rates, marker="o", label=name, **style)
-        axes.set_xticks(range(1, len(draft["overall"]["acceptance_by_position"]) + 1))
+        axes.set_xticks(range(1, len(draft["overall"]["token_acceptance_by_position"]) + 1))
         axes.set_xlabel("draft position")
         axes.set_title(label if len(drafts) > 1 else "Acceptance per draft position")
         axes.set_ylim(0, 1.05)
         axes.legend(fontsize="small")
-    figure.axes[0].set_ylabel("accepted / drafted at the position")
+    figure.axes[0].set_ylabel("accepted / tested at the position")
     save_figure(figure, path)
 
 

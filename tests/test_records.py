@@ -14,7 +14,8 @@ def through_json(data: dict) -> dict:
 def figures(**changes) -> AcceptanceFigures:
     return AcceptanceFigures(**{"prompts": 4, "tokens": 40, "drafted": 30, "accepted": 18, "rejected": 9, "gamma": 3,
                                 "alpha": 0.6, "alpha_interval": [0.5, 0.7], "token_acceptance": 18 / 27,
-                                "acceptance_by_position": [0.8, 0.6, None], "flags": ["a flag"],
+                                "alpha_by_position": [0.8, 0.6, None],
+                                "token_acceptance_by_position": [0.8, 0.75, None], "flags": ["a flag"],
                                 "counts": {"tokens": 40}, **changes})
 
 
@@ -74,6 +75,18 @@ def test_an_eval_result_saved_before_the_typed_records_still_loads(tmp_path):
     (tmp_path / "results" / "eval.json").write_text(json.dumps(saved))
     loaded = load_result(tmp_path, EvalResult)
     assert loaded.after.copied == 0 and loaded.step_costs.v == {1: 1.1} and loaded.engine_gamma("vllm") == 1
+
+
+def test_acceptance_figures_saved_with_one_rate_by_position_get_both():
+    """Records written before the per-token rates by position were kept named alpha's `acceptance_by_position`:
+    it reads as alpha_by_position, and accepted / tested comes from the counts they kept."""
+    saved = {key: value for key, value in figures().to_json().items() if not key.endswith("_by_position")}
+    saved.update(acceptance_by_position=[0.8, 0.5, 0.0],
+                 counts={"accepted_per_position": [8, 4, 0], "tested_per_position": [10, 8, 0]})
+    loaded = AcceptanceFigures.from_json(through_json(saved))
+    assert loaded.alpha_by_position == [0.8, 0.5, 0.0]
+    assert loaded.token_acceptance_by_position == [0.8, 0.5, None]
+    assert "acceptance_by_position" not in loaded.to_json()
 
 
 def test_export_json_reads_back_with_its_serving_step_costs():

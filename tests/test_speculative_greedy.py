@@ -142,8 +142,9 @@ def test_counts_stop_at_the_budget_and_at_an_accepted_eos(target64, tokenizer, r
 
 def served_counts(draft, prompt, answer, budget, eos, gamma):
     """One row's counts as a serving engine keeps them, from the target's greedy answer and the draft's
-    greedy proposals: the draft proposes up to gamma tokens and stops at EOS and at the budget."""
-    drafted, accepted, rejected, rounds = [0] * gamma, [0] * gamma, 0, 0
+    greedy proposals: the draft proposes up to gamma tokens and stops at EOS and at the budget; a position is
+    tested when every position before it was accepted."""
+    drafted, accepted, tested, rejected, rounds = [0] * gamma, [0] * gamma, [0] * gamma, 0, 0
     emitted = 1  # the prefill's token
     while emitted < budget and eos not in answer[:emitted]:
         proposal = greedy_continuation(draft, prompt + answer[:emitted], gamma)
@@ -153,10 +154,11 @@ def served_counts(draft, prompt, answer, budget, eos, gamma):
         for position in range(proposed):
             drafted[position] += 1
             accepted[position] += position < matched
+            tested[position] += position <= matched
         rejected += matched < proposed
         rounds += 1
         emitted += matched + 1
-    return drafted, accepted, rejected, rounds
+    return drafted, accepted, rejected, rounds, tested
 
 
 @pytest.mark.parametrize("gamma", [2, 4])
@@ -171,6 +173,11 @@ def test_counts_are_a_serving_engines(target64, near_draft, tokenizer, reference
     assert metrics.drafted_per_position == [sum(column) for column in zip(*(row[0] for row in rows))]
     assert metrics.accepted_per_position == [sum(column) for column in zip(*(row[1] for row in rows))]
     assert metrics.rejected == sum(row[2] for row in rows)
+    tested = [sum(column) for column in zip(*(row[4] for row in rows))]
+    assert metrics.tested_per_position == tested and sum(tested) == metrics.accepted + metrics.rejected
+    assert metrics.token_acceptance_by_position() == [a / t for a, t in zip(metrics.accepted_per_position, tested)]
+    assert metrics.alpha_by_position() == [a / d for a, d in zip(metrics.accepted_per_position,
+                                                                   metrics.drafted_per_position)]
     assert metrics.rounds == sum(row[3] for row in rows) == metrics.rounds_per_gamma[gamma]
     assert (metrics.drafted, metrics.accepted) == (sum(metrics.drafted_per_position),
                                                    sum(metrics.accepted_per_position))

@@ -13,6 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from decode.records import format_figure
+
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
 
@@ -54,6 +56,9 @@ def test_a_full_lora_run_reports_alpha_before_and_after_and_prints_its_directory
     assert not any("lora" in name for name in draft)  # the adapter was merged
     assert "alpha = accepted/drafted" in result.stdout and "per-token acceptance = accepted/tested" in result.stdout
     assert "one request at a time" in result.stdout  # the speed line
+    by_position = evaluated["after"]["token_acceptance_by_position"]
+    assert len(by_position) == evaluated["gamma"] and all(0.0 <= rate <= 1.0 for rate in by_position if rate is not None)
+    assert f"by draft position, accepted/tested: {format_figure(by_position[0])}" in result.stdout
 
     export = Path(summary["export"]["export_path"])
     assert export == run_dir.resolve() / "export"

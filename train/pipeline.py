@@ -269,6 +269,10 @@ def _data_lines(trained: TrainResult, generated: dict) -> list[str]:
     return [line]
 
 
+def _rates(rates: list) -> str:
+    return ", ".join(format_figure(rate) for rate in rates) or "-"
+
+
 def _eval_lines(evaluated: EvalResult) -> list[str]:
     before, after = evaluated.before, evaluated.after
     untrained_on = "" if before.prompts == evaluated.prompts else \
@@ -277,6 +281,7 @@ def _eval_lines(evaluated: EvalResult) -> list[str]:
              f"[95% interval over prompts]:",
              f"  per-token acceptance = accepted/tested: {format_figure(before.token_acceptance)} -> "
              f"{format_figure(after.token_acceptance)}{format_interval(after.token_acceptance_interval)}",
+             f"  by draft position, accepted/tested: {_rates(after.token_acceptance_by_position)}",
              f"  alpha = accepted/drafted (what vLLM and llama.cpp count): {format_figure(before.alpha)} -> "
              f"{format_figure(after.alpha)}{format_interval(after.alpha_interval)}",
              f"  mean accepted length {format_figure(after.mean_accepted_length, '.2f')} tokens/round"]
