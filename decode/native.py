@@ -109,8 +109,12 @@ class NativeLlamaRunner(CausalLMRunner):
 
     def reset(self, batch_size: int, max_len: int) -> None:
         self._rope_tables(max_len)
-        self.cache = KVCache(len(self.layers), batch_size, self.num_kv_heads, max_len,
-                             self.head_dim, self.dtype, self.device)
+        # under autocast the keys and values are computed, and attended to, in its dtype: kept in it, the cache is
+        # not cast again at every step
+        dtype = torch.get_autocast_dtype(self.device.type) if torch.is_autocast_enabled(self.device.type) else \
+            self.dtype
+        self.cache = KVCache(len(self.layers), batch_size, self.num_kv_heads, max_len, self.head_dim, dtype,
+                             self.device)
 
     def free(self) -> None:
         self.cache = None
@@ -154,8 +158,9 @@ class NativeLlamaRunner(CausalLMRunner):
 
     @torch.inference_mode()
     def forward(self, tokens, start, kv_len, logits_at=None):
-        # kv_len - 1: the cached tokens the step attends to besides its own (at most; rows may trail)
-        if tokens.shape[1] == 1 and kv_len < self.cache.max_len and self.step_padding.pads_at(kv_len - 1):
+        # the padding was measured on one row, where it changes the matmul kernel; a batch's step has rows enough,
+        # and padded it would do twice the work. kv_len - 1: the cached tokens the step attends to besides its own
+        if tokens.shape == (1, 1) and kv_len < self.cache.max_len and self.step_padding.pads_at(kv_len - 1):
             return self._padded_step(tokens, start, kv_len, logits_at)
         return self._forward(tokens, start, kv_len, logits_at)
 
@@ -215,7 +220,23 @@ class NativeLlamaRunner(CausalLMRunner):
         query, key = rotated.split([query.shape[2], key.shape[2]], dim=1)
         value = value.transpose(1, 2)
         keys, values = self.cache.write(index, key, value, positions, kv_len)
-        out = F.scaled_dot_product_attention(query, keys, values, attn_mask=attend, scale=self.scale,
-                                             enable_gqa=self.num_heads != self.num_kv_heads)
+        if length == 1:
+            out = self._one_query_attention(query, keys, values, attend)
+        else:
+            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=attend, scale=self.scale,
+                                                 enable_gqa=self.num_heads != self.num_kv_heads)
         out = out.transpose(1, 2).reshape(batch, length, -1)
         return self.linear(out, attn.o_proj.weight, attn.o_proj.bias)
+
+    def _one_query_attention(self, query, keys, values, attend):
+        """SDPA's arithmetic for one query a row (a decode step): query [B, heads, 1, D], keys/values
+        [B, kv_heads, L, D], attend [B, 1, 1, L] -> [B, heads, 1, D]. Each kv head's query heads form the rows of
+        one small matmul; on a CPU SDPA's kernel spends most of a batched decode step's attention on its masking
+        and blocking around a product this small."""
+        batch, heads, _, head_dim = query.shape
+        # in the cache's dtype: under autocast a float32 query (after RoPE) would cast the whole cache at every step
+        grouped = query.reshape(batch, self.num_kv_heads, heads // self.num_kv_heads, head_dim).to(keys.dtype)
+        scores = grouped @ keys.transpose(-1, -2)
+        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * self.scale  # softmax in >= float32
+        weights = scores.masked_fill(~attend.reshape(batch, 1, 1, -1), float("-inf")).softmax(-1)
+        return (weights.to(values.dtype) @ values).reshape(batch, heads, 1, head_dim)

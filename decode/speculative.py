@@ -35,6 +35,8 @@ from decode.metrics import DecodeMetrics, PhaseTimer
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams, probs_from_logits, sample, sample_from_logits
 
+LABEL_LOGITS_ELEMENTS = 1 << 25  # logits a labelling prefill computes at once (a chunk of positions x rows x vocab)
+
 
 def acceptance_mask(target_token_probs: torch.Tensor, draft_token_probs: torch.Tensor,
                     uniform: torch.Tensor) -> torch.Tensor:
@@ -119,6 +121,8 @@ class Generation:
     # with record_top_k (AR only): per prompt, for each new token, the target's k most likely
     # next tokens at temperature 1 before it was sampled: (ids [n][k], log-probabilities [n][k])
     top_logprobs: list[tuple[list[list[int]], list[list[float]]]] | None = None
+    # with label_prompts_from too: the same at each prompt token from label_prompts_from[b] on
+    prompt_top_logprobs: list[tuple[list[list[int]], list[list[float]]]] | None = None
 
 
 class SpeculativeDecoder:
@@ -137,18 +141,25 @@ class SpeculativeDecoder:
 
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int | Sequence[int],
                  sampling: SamplingParams, gamma: GammaPolicy | None = None, seed: int = 0,
-                 record_top_k: int = 0) -> Generation:
+                 record_top_k: int = 0, label_prompts_from: Sequence[int] | None = None) -> Generation:
         """gamma=None (or no draft) decodes autoregressively with the target alone.
 
         record_top_k > 0 (AR only) also returns the target's top-k log-probabilities at every
         new token: the distillation targets, recorded for free while the target answers.
+        label_prompts_from (with record_top_k): per prompt, the first of its tokens (>= 1) whose top-k is recorded
+        as well (its length: none); the prefill's own forwards compute them, where a separate teacher-forced pass
+        would run the prompts through the target again.
         """
         speculative = gamma is not None
         if speculative and self.draft is None:
             raise ValueError("speculative decoding needs a draft model")
         if speculative and record_top_k:
             raise ValueError("record_top_k is for autoregressive decoding (gamma=None)")
-        state = _Batch(self, prompts, max_new_tokens, gamma.largest if speculative else 0, seed, record_top_k)
+        if label_prompts_from is not None and (not record_top_k or len(label_prompts_from) != len(prompts) or any(
+                not 1 <= first <= len(prompt) for first, prompt in zip(label_prompts_from, prompts))):
+            raise ValueError("label_prompts_from needs record_top_k and, per prompt, a position in [1, its length]")
+        state = _Batch(self, prompts, max_new_tokens, gamma.largest if speculative else 0, seed, record_top_k,
+                       label_prompts_from)
         drafter = self.new_drafter(self.draft) if speculative else None
         # a drafter that reads the target's states (an EAGLE-3 head) names their layers: the target keeps them only then
         self.target.capture_layers = drafter.capture_layers if speculative else ()
@@ -184,7 +195,7 @@ class _Batch:
     """The rows of one generate call: token buffer, lengths, and the counts they produce."""
 
     def __init__(self, decoder: SpeculativeDecoder, prompts, max_new_tokens, largest_gamma: int, seed: int,
-                 record_top_k: int = 0):
+                 record_top_k: int = 0, label_prompts_from: Sequence[int] | None = None):
         if not prompts:
             raise ValueError("no prompts given")
         if any(len(prompt) == 0 for prompt in prompts):
@@ -230,14 +241,20 @@ class _Batch:
         self.confidence_greedy_accepted = torch.zeros(CONFIDENCE_BINS, dtype=torch.float64, device=device)
         self.record_top_k = record_top_k
         self.recorded: list[tuple[torch.Tensor, torch.Tensor]] = []  # per step: ids, log-probs [B, k]
+        self.label_prompts_from = label_prompts_from
+        self.prompt_recorded: list[tuple[torch.Tensor, torch.Tensor]] = []  # per prompt chunk: [B, positions, k]
         self.drafter: Drafter | None = None
         self.target_hidden: torch.Tensor | None = None  # the last target forward's capture-layer states
 
     def _record(self, logits: torch.Tensor) -> None:
         if self.record_top_k:
-            log_probs = torch.log_softmax(logits.float(), dim=-1)
-            top = torch.topk(log_probs, min(self.record_top_k, log_probs.shape[-1]), dim=-1)
-            self.recorded.append((top.indices, top.values))
+            self.recorded.append(self._top_k(logits))
+
+    def _top_k(self, logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """logits [..., V] -> the top-k ids and log-probabilities (float32) [..., k]."""
+        log_probs = torch.log_softmax(logits.float(), dim=-1)
+        top = torch.topk(log_probs, min(self.record_top_k, log_probs.shape[-1]), dim=-1)
+        return top.indices, top.values
 
     @property
     def any_active(self) -> bool:
@@ -252,14 +269,44 @@ class _Batch:
         return min(max(self.lengths_host) + ahead, self.capacity)
 
     def prefill(self, sampling: SamplingParams) -> None:
-        prompt_block = self.tokens[:, : self.longest_prompt]
-        start = torch.zeros(self.batch, dtype=torch.long, device=self.tokens.device)
-        last_prompt_position = (self.lengths - 1)[:, None]
-        logits = self.decoder.target.forward(prompt_block, start, self.longest_prompt, logits_at=last_prompt_position)
-        self.target_hidden = self.decoder.target.captured
-        self._record(logits[:, 0])
-        first = sample_from_logits(logits[:, 0], sampling, self.generator)
+        if self.label_prompts_from is None:
+            prompt_block = self.tokens[:, : self.longest_prompt]
+            start = torch.zeros(self.batch, dtype=torch.long, device=self.tokens.device)
+            last_prompt_position = (self.lengths - 1)[:, None]
+            logits = self.decoder.target.forward(prompt_block, start, self.longest_prompt,
+                                                 logits_at=last_prompt_position)[:, 0]
+            self.target_hidden = self.decoder.target.captured
+        else:
+            logits = self._labelling_prefill()
+        self._record(logits)
+        first = sample_from_logits(logits, sampling, self.generator)
         self._emit(first[:, None], torch.ones_like(first))
+
+    def _labelling_prefill(self) -> torch.Tensor:
+        """The prefill in chunks of positions whose logits all go through the head (a chunk's logits stay within
+        LABEL_LOGITS_ELEMENTS), the top-k kept at each -> the logits at each row's last prompt token [B, V].
+        Rows shorter than a chunk hold padding there: logits no row reads, keys the decode steps overwrite."""
+        target, device = self.decoder.target, self.tokens.device
+        first_read = min(self.label_prompts_from) - 1  # the logits predicting the earliest labelled token
+        per_chunk = max(1, LABEL_LOGITS_ELEMENTS // (self.batch * target.vocab_size))
+        last = torch.zeros(self.batch, target.vocab_size, device=device)
+        bounds = ([(0, first_read)] if first_read else []) + [
+            (begin, min(begin + per_chunk, self.longest_prompt))
+            for begin in range(first_read, self.longest_prompt, per_chunk)]
+        for begin, end in bounds:
+            start = torch.full((self.batch,), begin, dtype=torch.long, device=device)
+            read = torch.arange(end - begin, device=device).expand(self.batch, -1) if begin >= first_read else \
+                torch.full((self.batch, 1), end - begin - 1, device=device)  # unread: the cheapest one position
+            logits = target.forward(self.tokens[:, begin:end], start, end, logits_at=read)
+            if begin < first_read:
+                continue
+            self.prompt_recorded.append(self._top_k(logits))
+            ends_here = (self.lengths - 1 >= begin) & (self.lengths - 1 < end)
+            at_end = (self.lengths - 1 - begin).clamp(0, end - begin - 1)
+            last = torch.where(ends_here[:, None], logits[torch.arange(self.batch, device=device), at_end].float(),
+                               last)
+        self.target_hidden = None  # a drafter that reads the target's states is never given a labelling prefill
+        return last
 
     def autoregressive_step(self, sampling: SamplingParams, timer: PhaseTimer) -> None:
         started = timer.start()
@@ -411,5 +458,13 @@ class _Batch:
             ids = torch.stack([step_ids for step_ids, _ in self.recorded], dim=1).tolist()
             values = torch.stack([step_values for _, step_values in self.recorded], dim=1).tolist()
             top_logprobs = [(ids[b][: len(tokens[b])], values[b][: len(tokens[b])]) for b in range(self.batch)]
+        prompt_top_logprobs = None
+        if self.label_prompts_from is not None:  # chunk columns from min(label_prompts_from) - 1 on
+            offset = min(self.label_prompts_from) - 1
+            ids = torch.cat([chunk_ids for chunk_ids, _ in self.prompt_recorded], dim=1).tolist()
+            values = torch.cat([chunk_values for _, chunk_values in self.prompt_recorded], dim=1).tolist()
+            spans = [(first - 1 - offset, length - 1 - offset)
+                     for first, length in zip(self.label_prompts_from, self.prompt_lengths)]
+            prompt_top_logprobs = [(ids[b][begin:end], values[b][begin:end]) for b, (begin, end) in enumerate(spans)]
         return Generation(tokens=tokens, metrics=metrics, stopped_by_eos=self.stopped_by_eos.tolist(),
-                          top_logprobs=top_logprobs)
+                          top_logprobs=top_logprobs, prompt_top_logprobs=prompt_top_logprobs)

@@ -50,6 +50,7 @@ class Generated(NamedTuple):
     cached: bool
     prompt_rate: LabelRate | None = None  # what labelling the prompts' tokens cost (this process's share)
     served_rate: LabelRate | None = None  # what scoring the served responses cost (this process's share)
+    prompts_labelled_while_answering: bool = False  # the answers' prompts labelled by the forwards that read them
 
 
 def cache_key(target_fingerprint: str, domain: str, prompts: list[Prompt], sampling: SamplingParams,
@@ -131,13 +132,15 @@ def labelling_precision(runner: CausalLMRunner, setting: str, batch_size: int = 
 def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids: list[list[int]],
                    sampling: SamplingParams, max_new_tokens: int, batch_size: int, seed: int,
                    description: str = "generate", show_progress: bool = True, top_k_logprobs: int = 0,
-                   precision: Precision = FLOAT32) -> list[dict]:
+                   precision: Precision = FLOAT32, label_prompts_from: list[int] | None = None) -> list[dict]:
     """Sample an answer per prompt with the runner's model alone (plain sampling: exactly its distribution).
 
     Prompts are batched by length so little compute goes to padding. Returns, in the order
     of prompt_ids, {"input_ids", "prompt_length", "stopped_by_eos"} and, with top_k_logprobs,
     "target_top_ids" / "target_top_logprobs": the model's k most likely tokens at each answer
-    position (temperature 1), recorded while it answers: the distillation targets.
+    position (temperature 1), recorded while it answers: the distillation targets. With label_prompts_from (per
+    prompt, its first token to label), also "prompt_labels_from", "prompt_top_ids", "prompt_top_logprobs": the
+    same at the prompt's tokens from there on, computed by the forwards that read the prompt (label_prompts).
     """
     decoder = SpeculativeDecoder(runner, None, eos_token_ids)
     order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
@@ -147,12 +150,18 @@ def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids:
             rows = order[begin: begin + batch_size]
             with precision.autocast():
                 result = decoder.generate([prompt_ids[i] for i in rows], max_new_tokens, sampling,
-                                          seed=seed + batch_index, record_top_k=top_k_logprobs)
+                                          seed=seed + batch_index, record_top_k=top_k_logprobs,
+                                          label_prompts_from=None if label_prompts_from is None else
+                                          [label_prompts_from[i] for i in rows])
             for index, (row, tokens) in enumerate(zip(rows, result.tokens)):
-                answers[row] = {"input_ids": list(prompt_ids[row]) + tokens, "prompt_length": len(prompt_ids[row]),
-                                "stopped_by_eos": result.stopped_by_eos[index]}
+                answer = answers[row] = {"input_ids": list(prompt_ids[row]) + tokens,
+                                         "prompt_length": len(prompt_ids[row]),
+                                         "stopped_by_eos": result.stopped_by_eos[index]}
                 if top_k_logprobs:
-                    answers[row]["target_top_ids"], answers[row]["target_top_logprobs"] = result.top_logprobs[index]
+                    answer["target_top_ids"], answer["target_top_logprobs"] = result.top_logprobs[index]
+                if label_prompts_from is not None:
+                    answer["prompt_labels_from"] = label_prompts_from[row]
+                    answer["prompt_top_ids"], answer["prompt_top_logprobs"] = result.prompt_top_logprobs[index]
             bar.update(len(rows))
     return answers
 
@@ -175,18 +184,25 @@ def label_prompts(runner: CausalLMRunner, records: list[dict], user_template: li
     with it; else no prompt token is labelled), `prompt_top_ids`, `prompt_top_logprobs`. A prompt answered
     several times is labelled at its first answer only. One teacher-forced forward over the prompts alone: a
     causal model's logits there never see the answer."""
-    seen, starts = set(), []
-    for record in records:
-        prompt = tuple(record["input_ids"][: record["prompt_length"]])
-        labelled = user_template and prompt[: len(user_template)] == tuple(user_template) and prompt not in seen
-        starts.append(len(user_template) if labelled else record["prompt_length"])
-        seen.add(prompt)
+    starts = prompt_label_starts([record["input_ids"][: record["prompt_length"]] for record in records], user_template)
     labels = top_k_labels(runner, [record["input_ids"][: record["prompt_length"]] for record in records], starts,
                           top_k_logprobs, precision, batch_size)
     for record, start, (top_ids, top_logprobs) in zip(records, starts, labels):
         record["prompt_labels_from"] = start
         record["prompt_top_ids"], record["prompt_top_logprobs"] = top_ids, top_logprobs
     return records
+
+
+def prompt_label_starts(prompt_ids: list[list[int]], user_template: list[int] | None) -> list[int]:
+    """Per prompt, its first token label_prompts labels: the end of user_template where the prompt starts with it
+    and was not seen before in the list, else its length (none)."""
+    seen, starts = set(), []
+    for ids in prompt_ids:
+        prompt = tuple(ids)
+        labelled = user_template and prompt[: len(user_template)] == tuple(user_template) and prompt not in seen
+        starts.append(len(user_template) if labelled else len(prompt))
+        seen.add(prompt)
+    return starts
 
 
 def top_k_labels(runner: CausalLMRunner, sequences: list[list[int]], starts: list[int], top_k_logprobs: int,
@@ -219,13 +235,15 @@ def top_k_labels(runner: CausalLMRunner, sequences: list[list[int]], starts: lis
 
 
 def labelling_bound(runner: CausalLMRunner, records: list[dict], top_k_logprobs: int, precision: Precision,
-                    batch_size: int = LABEL_BATCH) -> LabelRate:
-    """The target's top-k at the answer tokens of (up to BOUND_SEQUENCES of) `records`, timed: what any source's
-    tokens cost at least, one teacher-forced forward per batch. The records are left as they were."""
-    sample = [{"input_ids": r["input_ids"], "prompt_length": r["prompt_length"]} for r in records[:BOUND_SEQUENCES]]
+                    batch_size: int = LABEL_BATCH, with_prompts: bool = False) -> LabelRate:
+    """The target's top-k at the answer tokens of (up to BOUND_SEQUENCES of) `records` (with_prompts: and at their
+    prompt tokens from `prompt_labels_from` on), timed: what any source's tokens cost at least, one teacher-forced
+    forward per batch. The records are left as they were."""
+    sample = records[:BOUND_SEQUENCES]
+    starts = [r["prompt_labels_from"] if with_prompts else r["prompt_length"] for r in sample]
     began = time.perf_counter()
-    score_answers(runner, sample, top_k_logprobs, precision, batch_size)
-    return LabelRate("teacher-forced bound", sum(len(r["input_ids"]) - r["prompt_length"] for r in sample),
+    top_k_labels(runner, [r["input_ids"] for r in sample], starts, top_k_logprobs, precision, batch_size)
+    return LabelRate("teacher-forced bound", sum(len(r["input_ids"]) - start for r, start in zip(sample, starts)),
                      time.perf_counter() - began)
 
 
@@ -255,29 +273,37 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
         len(record["input_ids"]) - record["prompt_length"] for record in scored), time.perf_counter() - began) \
         if scored else None
 
-    def answer(prompt_ids: list[list[int]], turn: int = 0) -> list[dict]:  # turn: of a conversation
-        turn_seed = seed + 7919 * rank + 104_729 * turn
+    template = user_turn_template(pair.tokenizer, system_prompt) if prompt_labelling is not None else None
+    user_template = template[0] if template else None
+
+    def answer(prompt_ids: list[list[int]], turn: int = 0, label_from: list[int] | None = None) -> list[dict]:
+        turn_seed = seed + 7919 * rank + 104_729 * turn  # turn: of a conversation
         if served:
             return served.answer(prompt_ids, sampling, max_new_tokens, turn_seed, top_k_logprobs,
                                  description=f"generate {domain}", show_progress=rank == 0)
         return answer_prompts(runner, pair.eos_token_ids, prompt_ids, sampling, max_new_tokens, batch_size,
-                              turn_seed, description=f"generate {domain}",
-                              show_progress=rank == 0, top_k_logprobs=top_k_logprobs, precision=precision)
+                              turn_seed, description=f"generate {domain}", show_progress=rank == 0,
+                              top_k_logprobs=top_k_logprobs, precision=precision, label_prompts_from=label_from)
 
+    # the target here labels single-turn prompts in the forwards that read them; a server's answers, a
+    # conversation's turns and the scored responses get a labelling pass of their own
+    label_while_answering = prompt_labelling is not None and not served and not any(p.messages for p in mine)
     if any(p.messages for p in mine):
         records = regenerated_turns(pair.tokenizer, mine, system_prompt, answer)
     else:
-        answers = answer(pair.encode_chat([p.text for p in mine], system_prompt)) if mine else []
+        prompt_ids = pair.encode_chat([p.text for p in mine], system_prompt)
+        label_from = prompt_label_starts(prompt_ids, user_template) if label_while_answering else None
+        answers = answer(prompt_ids, label_from=label_from) if mine else []
         records = [{"id": p.id, "prompt": p.text, "source": "target", **row} for p, row in zip(mine, answers)]
-    records += scored
     prompt_rate = None
-    if prompt_labelling is not None:
+    unlabelled = [record for record in records + scored if "prompt_top_ids" not in record]
+    if prompt_labelling is not None and unlabelled:
         began = time.perf_counter()
-        template = user_turn_template(pair.tokenizer, system_prompt)
-        label_prompts(pair.target_runner(), records, template[0] if template else None, top_k_logprobs,
-                      prompt_labelling)
+        label_prompts(pair.target_runner(), unlabelled, user_template, top_k_logprobs, prompt_labelling)
         prompt_rate = LabelRate("the target labels the prompts (teacher-forced)",
-                                sum(len(record["prompt_top_ids"]) for record in records), time.perf_counter() - began)
+                                sum(len(record["prompt_top_ids"]) for record in unlabelled),
+                                time.perf_counter() - began)
+    records += scored
     if accelerator and world > 1:
         from accelerate.utils import gather_object
 
@@ -287,7 +313,8 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
         save_dataset_atomically(datasets.Dataset.from_list(records), directory)
     if accelerator:
         accelerator.wait_for_everyone()
-    return Generated(datasets.load_from_disk(str(directory)), directory, False, prompt_rate, served_rate)
+    return Generated(datasets.load_from_disk(str(directory)), directory, False, prompt_rate, served_rate,
+                     label_while_answering)
 
 
 def save_dataset_atomically(dataset: datasets.Dataset, directory: Path) -> None:

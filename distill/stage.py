@@ -81,7 +81,8 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                 dataset, directory = generated.dataset, generated.directory
                 if split == "train":
                     rates = _label_rates(ctx, settings, dataset, time.perf_counter() - began, source, labelling,
-                                         generated.prompt_rate, generated.served_rate)
+                                         generated.prompt_rate, generated.served_rate,
+                                         generated.prompts_labelled_while_answering)
             elif create:
                 log.info("reusing the target's answers from %s", directory)
             if dataset is None:
@@ -96,17 +97,24 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
 
 def _label_rates(ctx: RunContext, settings: GenerateConfig, answers: datasets.Dataset, seconds: float,
                  source: str, labelling: Precision | None, prompt_rate: LabelRate | None,
-                 served_rate: LabelRate | None) -> list[dict]:
+                 served_rate: LabelRate | None, while_answering: bool = False) -> list[dict]:
     """Target-labelled tokens per CPU-minute of the answers just made, logged beside the bound: the same tokens
     labelled by one teacher-forced forward of the target here (distill/throughput.py); then those of the served
     responses scored instead of answered, and of the prompts' tokens, where there were any."""
-    decoded_tokens = sum(len(ids) - length for ids, length, origin in zip(
-        answers["input_ids"], answers["prompt_length"], answers["source"]) if origin != SERVED)
+    decoded = [record for record in answers.select_columns(
+        [name for name in ("input_ids", "prompt_length", "source", "prompt_labels_from", "prompt_top_ids")
+         if name in answers.column_names]).to_list() if record["source"] != SERVED]
+    decoded_tokens = sum(len(record["input_ids"]) - record["prompt_length"] for record in decoded)
+    # while_answering: the answered prompts were labelled by the forwards that read them, with no pass of their own
+    prompt_tokens = sum(len(record["prompt_top_ids"]) for record in decoded) if while_answering else 0
     others = [rate for rate in (served_rate, prompt_rate) if rate is not None]
-    made = LabelRate(f"the target answers ({source})", decoded_tokens, seconds - sum(rate.seconds for rate in others))
+    made = LabelRate(f"the target answers ({source})" + (", labelling its prompts as it reads them"
+                                                        if while_answering else ""),
+                     decoded_tokens + prompt_tokens, seconds - sum(rate.seconds for rate in others),
+                     prompt_tokens=prompt_tokens)
     runner = ctx.pair.target_runner()
-    bound = labelling_bound(runner, answers.select(range(min(BOUND_SEQUENCES, len(answers)))).to_list(),
-                            settings.top_k_logprobs, labelling or labelling_precision(runner, settings.autocast))
+    bound = labelling_bound(runner, decoded[:BOUND_SEQUENCES], settings.top_k_logprobs,
+                            labelling or labelling_precision(runner, settings.autocast), with_prompts=while_answering)
     log.info("%s", made.line(bound))
     for rate in others:
         log.info("%s", rate.line())

@@ -16,9 +16,10 @@ from dataclasses import asdict, dataclass, field
 @dataclass
 class LabelRate:
     source: str
-    tokens: int  # answer tokens at which the target's distribution was recorded
+    tokens: int  # tokens at which the target's distribution was recorded
     seconds: float
     parts: dict[str, float] = field(default_factory=dict)  # seconds of each phase, where a source has several
+    prompt_tokens: int = 0  # of `tokens`, those of the prompts (labelled by the forwards that read them)
 
     @property
     def per_minute(self) -> float:

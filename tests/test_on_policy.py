@@ -6,9 +6,11 @@ import copy
 import pytest
 import torch
 
+from decode import speculative
 from decode.models import make_runner
+from decode.pair import user_turn_template
 from decode.sampling import SamplingParams
-from distill.generate import answer_prompts, score_answers
+from distill.generate import answer_prompts, label_prompts, prompt_label_starts, score_answers
 from distill.on_policy import OnPolicySampler
 from test_train_pipeline import make_recipe, tiny_examples  # noqa: F401,F811 (fixtures)
 
@@ -87,6 +89,31 @@ def test_teacher_forced_labels_equal_the_top_k_that_generation_records(tiny_pair
         torch.testing.assert_close(torch.tensor(forced["target_top_logprobs"]),
                                    torch.tensor(recorded["target_top_logprobs"]), rtol=1e-4, atol=1e-4)
         assert forced["target_top_ids"] == recorded["target_top_ids"]
+
+
+def test_prompt_labels_made_while_answering_equal_a_labelling_pass_of_their_own(tiny_pair, monkeypatch):
+    """The prefill's forwards label the prompts' tokens from where each is asked to (in chunks of positions, several
+    here): the top-k that a teacher-forced pass over the prompts gives, and the same answers as without labels."""
+    monkeypatch.setattr(speculative, "LABEL_LOGITS_ELEMENTS", 3 * 4 * tiny_pair.vocab_size)  # 3 positions a chunk
+    runner, prompt_ids = tiny_pair.target_runner(), tiny_pair.encode_chat(PROMPTS)
+    template = user_turn_template(tiny_pair.tokenizer)[0]
+    starts = prompt_label_starts(prompt_ids + prompt_ids[:1], template)
+    assert starts[-1] == len(prompt_ids[0]) and len(set(starts[:-1])) == 1  # a repeated prompt is labelled once
+    sampling = SamplingParams(temperature=0.7, top_p=0.9)
+    plain = answer_prompts(runner, tiny_pair.eos_token_ids, prompt_ids, sampling, 12, 4, seed=3, show_progress=False,
+                           top_k_logprobs=8)
+    labelled = answer_prompts(runner, tiny_pair.eos_token_ids, prompt_ids, sampling, 12, 4, seed=3,
+                              show_progress=False, top_k_logprobs=8, label_prompts_from=starts[:-1])
+    separately = label_prompts(runner, [dict(answer) for answer in plain], template, 8)
+    for answer, own, alone in zip(plain, labelled, separately):
+        assert own["input_ids"] == answer["input_ids"]
+        assert own["prompt_labels_from"] == alone["prompt_labels_from"] == len(template)
+        assert own["prompt_top_ids"] == alone["prompt_top_ids"] and len(own["prompt_top_ids"]) == \
+            own["prompt_length"] - len(template) > 0
+        torch.testing.assert_close(torch.tensor(own["prompt_top_logprobs"]),
+                                   torch.tensor(alone["prompt_top_logprobs"]), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(torch.tensor(own["target_top_logprobs"]),
+                                   torch.tensor(answer["target_top_logprobs"]), rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("kept", [False, True])

@@ -100,6 +100,17 @@ def test_the_training_probe_times_the_draft_and_leaves_no_gradient_behind(tiny_p
     assert all(p.grad is None for p in draft.parameters())
 
 
+def test_the_training_probe_times_a_micro_batch_of_the_training_sequences_median_length(tiny_pair, tiny_examples,
+                                                                                        tmp_path, any_gain_pays):
+    recipe = make_recipe(tiny_pair, tiny_examples, tmp_path, micro_batch_size=3)
+    probed = []
+    probe = recipe.objective.bf16_probe
+    recipe.objective.bf16_probe = lambda module, shape, device: probed.append(shape) or probe(module, shape, device)
+    recipe._bf16_speedup(recipe.draft)
+    lengths = sorted(len(example.input_ids) for example in tiny_examples)
+    assert len(set(lengths)) > 1 and probed == [(3, lengths[len(lengths) // 2])]
+
+
 def test_a_resumed_run_keeps_the_precision_it_started_in(tiny_pair, tiny_examples, tmp_path):
     make_recipe(tiny_pair, tiny_examples, tmp_path, autocast="bf16", max_steps=2, checkpoint_every=1).train()
     resumed = make_recipe(tiny_pair, tiny_examples, tmp_path, autocast="off", max_steps=2, checkpoint_every=1)

@@ -50,6 +50,37 @@ def test_native_forward_matches_transformers(family):
     torch.testing.assert_close(logits, uncached(model, tokens), rtol=1e-9, atol=1e-9)
 
 
+@pytest.mark.parametrize("family", list(MODELS))
+def test_a_batched_one_token_step_of_rows_at_different_lengths_matches_transformers(family):
+    """A decode step of several rows, each at its own position, attends to each row's own cached tokens alone."""
+    model, lengths = MODELS[family], [7, 12, 9]
+    tokens = torch.randint(0, VOCAB, (3, 16), generator=torch.Generator().manual_seed(2))
+    runner = NativeLlamaRunner(model, VOCAB)
+    runner.reset(3, 32)
+    runner.forward(tokens[:, :12], torch.zeros(3, dtype=torch.long), 12)
+    step = tokens[torch.arange(3), lengths][:, None]
+    logits = runner.forward(step, torch.tensor(lengths), 13)
+    for row, length in enumerate(lengths):
+        torch.testing.assert_close(logits[row, 0], uncached(model, tokens[row: row + 1, : length + 1])[0, -1],
+                                   rtol=1e-9, atol=1e-9)
+
+
+def test_only_a_single_rows_one_token_step_runs_padded(monkeypatch):
+    model = MODELS["llama"]
+    runner = NativeLlamaRunner(model, VOCAB)
+    runner.step_padding = matmul_route.StepPadding.forced(True)
+    padded = []
+    original = runner._padded_step
+    monkeypatch.setattr(runner, "_padded_step", lambda *args: padded.append(args[0].shape) or original(*args))
+    tokens = torch.randint(0, VOCAB, (2, 8), generator=torch.Generator().manual_seed(3))
+    for rows in (1, 2):
+        runner.reset(rows, 16)
+        runner.forward(tokens[:rows, :7], torch.zeros(rows, dtype=torch.long), 7)
+        logits = runner.forward(tokens[:rows, 7:], torch.full((rows,), 7), 8)
+        torch.testing.assert_close(logits[:, 0], uncached(model, tokens[:rows])[:, -1], rtol=1e-9, atol=1e-9)
+    assert padded == [(1, 1)]  # two rows already fill the kernel that padding buys a single one
+
+
 @pytest.mark.parametrize("kernel", ["linear", "transposed"])
 def test_verify_sized_forwards_match_transformers_on_the_route_decided(monkeypatch, kernel):
     monkeypatch.setattr(native, "skinny_route", lambda weights: RouteDecision.forced(dict.fromkeys(ROWS, kernel)))

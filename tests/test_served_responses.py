@@ -226,11 +226,17 @@ def test_the_generate_stage_scores_the_served_responses_of_the_retrains_traffic_
     # tokens per CPU-minute per source: the answers the target decoded apart from the responses it scored
     rates = {rate["source"]: rate for rate in record.label_rates}
     scored = rates["the target scores served responses (teacher-forced)"]
-    decoded = rates["the target answers (in_process)"]
+    decoded = rates["the target answers (in_process), labelling its prompts as it reads them"]
     answer_tokens = [len(ids) - length for ids, length, source in zip(
         found["train"]["input_ids"], found["train"]["prompt_length"], found["train"]["source"])]
     assert scored["tokens"] == 3 + 2 == sum(n for n, source in zip(answer_tokens, sources.values()) if source == SERVED)
-    assert decoded["tokens"] == sum(answer_tokens) - scored["tokens"] and decoded["seconds"] > 0
+    # the answered prompts were labelled by the forwards that answered them; the scored ones in a pass of their own
+    answered_prompts = [len(ids) for ids, source in zip(found["train"]["prompt_top_ids"], sources.values())
+                        if source != SERVED]
+    assert decoded["prompt_tokens"] == sum(answered_prompts) > 0 and decoded["seconds"] > 0
+    assert decoded["tokens"] - decoded["prompt_tokens"] == sum(answer_tokens) - scored["tokens"]
+    assert rates["the target labels the prompts (teacher-forced)"]["tokens"] == sum(
+        len(ids) for ids, source in zip(found["train"]["prompt_top_ids"], sources.values()) if source == SERVED)
     assert len(answered) == 2 + 2  # the other two train prompts, then the validation prompts
     assert f"1 served responses regenerated: 1 from another target (fingerprint other-target, this target {TARGET})" \
         in caplog.messages

@@ -169,10 +169,11 @@ def test_on_policy_answers_and_more_answers_per_prompt_feed_training(tmp_path, c
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["generate"]["train_answers"] == 16 and summary["train"]["examples"] == 16
     assert summary["train"]["on_policy_samples"] == 8 and summary["train"]["on_policy_seconds"] > 0
-    made, bound, prompts = summary["generate"]["label_rates"]
+    made, bound = summary["generate"]["label_rates"]
     assert made["tokens"] > 0 and bound["source"] == "teacher-forced bound" and bound["tokens_per_minute"] > 0
-    # the training prompts' own tokens were labelled too, and trained on
-    assert prompts["tokens"] == summary["train"]["prompt_tokens"] > 0
+    # the training prompts' own tokens were labelled too, by the forwards that answered them, and trained on
+    assert made["prompt_tokens"] == summary["train"]["prompt_tokens"] > 0
+    assert made["tokens"] - made["prompt_tokens"] == summary["train"]["answer_tokens"]
     printed = result.stdout + result.stderr
     assert "target-labelled tokens" in printed and "tokens per CPU-minute" in printed
     assert "of the draft's own answers labelled by the target" in printed

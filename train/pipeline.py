@@ -258,10 +258,14 @@ def _data_lines(trained: TrainResult, generated: dict) -> list[str]:
     rates = generated.get("label_rates") or []
     made = f" ({rates[0]['tokens_per_minute']:,} per CPU-minute; teacher-forced bound {rates[1]['tokens_per_minute']:,})" \
         if len(rates) >= 2 else ""
-    line = f"trained on {trained.answer_tokens:,} target-labelled tokens of the target's answers{made}"
-    if trained.prompt_tokens:
-        labelled = f" ({rates[2]['tokens_per_minute']:,} per CPU-minute)" if len(rates) == 3 else ""
-        line += f" and {trained.prompt_tokens:,} of its prompts{labelled}"
+    if trained.prompt_tokens and rates and rates[0].get("prompt_tokens"):  # labelled by the answering forwards
+        line = (f"trained on {trained.answer_tokens:,} target-labelled tokens of the target's answers and "
+                f"{trained.prompt_tokens:,} of its prompts, labelled as it read them{made}")
+    else:
+        line = f"trained on {trained.answer_tokens:,} target-labelled tokens of the target's answers{made}"
+        if trained.prompt_tokens:
+            labelled = f" ({rates[2]['tokens_per_minute']:,} per CPU-minute)" if len(rates) == 3 else ""
+            line += f" and {trained.prompt_tokens:,} of its prompts{labelled}"
     if trained.on_policy_labels:
         tokens = sum(rate["tokens"] for rate in trained.on_policy_labels)
         per_minute = 60 * tokens / max(sum(rate["seconds"] for rate in trained.on_policy_labels), 1e-9)

@@ -53,8 +53,6 @@ from train.fsdp import fill_parameters, is_sharded, meta_copy, sharding_summary,
 
 log = logging.getLogger(__name__)
 
-PROBE_BATCH = (2, 64)  # sequences x tokens that `auto` times: a sixteenth of a default micro-batch
-
 
 def acceptance_chance(draft_logits: torch.Tensor, target_top_logprobs: torch.Tensor, target_top_ids: torch.Tensor,
                       sampling: SamplingParams, kept_index: torch.Tensor | None = None) -> torch.Tensor:
@@ -113,7 +111,10 @@ class DistillationRecipe:
             autocast = self.resumed.trainer_state.get("autocast", autocast)
         self.precision = choose_precision(autocast, device.type, lambda: self._bf16_speedup(draft), "train")
         trainable = [p for p in draft.parameters() if p.requires_grad]
-        optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=settings.weight_decay)
+        # fused: one pass over each tensor where the default takes several (on a CPU the 2-layer draft's update, its
+        # 28M-element embedding included, went from 96 to 18 ms); FSDP's sharded parameters keep the default
+        optimizer = torch.optim.AdamW(trainable, lr=settings.lr, weight_decay=settings.weight_decay,
+                                      fused=not self.sharded and device.type in ("cpu", "cuda"))
         self.examples_per_step = settings.micro_batch_size * settings.gradient_accumulation * \
             accelerator.num_processes
         self.on_policy = on_policy if settings.on_policy_answers else None
@@ -245,15 +246,24 @@ class DistillationRecipe:
         return per_position
 
     def _bf16_speedup(self, draft) -> float | None:
-        """A few forward+backward steps of the draft on a small random batch, float32 vs bf16 autocast;
-        the mean over the processes, so that all of them choose alike."""
+        """A few forward+backward steps of the draft on a random batch of a micro-batch's shape, float32 vs bf16
+        autocast; the mean over the processes, so that all of them choose alike."""
         device = self.accelerator.device
-        step, hidden_size = self.objective.bf16_probe(draft, PROBE_BATCH, device)
-        speedup = cpu_bf16_speedup(step, math.prod(PROBE_BATCH), hidden_size)
+        probe_batch = self._probe_batch()
+        step, hidden_size = self.objective.bf16_probe(draft, probe_batch, device)
+        speedup = cpu_bf16_speedup(step, math.prod(probe_batch), hidden_size)
         draft.zero_grad(set_to_none=True)
         if speedup is None:  # the same on every process: the model's size decides it
             return None
         return self.accelerator.reduce(torch.tensor(speedup, device=device), reduction="mean").item()
+
+    def _probe_batch(self) -> tuple[int, int]:
+        """sequences x tokens that `auto` times: one micro-batch of the training sequences' median length. A
+        smaller probe understates bf16, whose gain grows with the rows of each matmul while the step's fixed work
+        does not shrink: on a Zen 4 core the derived draft's step ran 1.09x faster under bf16 at [2 x 64], and
+        1.46-1.74x at the [8 x 128] it trains on."""
+        lengths = sorted(len(example.input_ids) for example in self.train_examples)
+        return self.settings.micro_batch_size, lengths[len(lengths) // 2]
 
     # ---- data order: a function of the step, so a resumed run sees the same batches ----------------
     def _micro_batches(self, step: int) -> list[dict]:
