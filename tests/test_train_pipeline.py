@@ -64,7 +64,8 @@ def test_debug_tiny_switches_to_the_tiny_pair(compose_train):
     assert cfg.pair.target.path == "tiny-random" and cfg.logger.mode == "disabled"
 
 
-def test_the_long_budget_answers_every_shipped_prompt_at_length_in_its_own_run_directory(compose_train):
+def test_the_long_budget_answers_every_shipped_prompt_and_trains_on_the_drafts_own_in_its_own_run_directory(
+        compose_train):
     from distill.data import load_domain_prompts
     from train.pipeline import run_directory
 
@@ -73,8 +74,8 @@ def test_the_long_budget_answers_every_shipped_prompt_at_length_in_its_own_run_d
     prompts = load_domain_prompts(long.domain)
     assert long.generate.max_train_prompts == len(prompts.train)
     assert long.generate.max_validation_prompts == len(prompts.validation) > default.generate.max_validation_prompts
-    assert long.generate.max_new_tokens > default.generate.max_new_tokens
-    assert long.pair.draft.derive_layers > default.pair.draft.derive_layers
+    assert long.method.on_policy_answers > default.method.on_policy_answers == 0
+    assert long.method.on_policy_from_epoch < long.method.epochs
     assert run_directory(long) != run_directory(default)
 
 
