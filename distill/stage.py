@@ -34,10 +34,11 @@ log = logging.getLogger(__name__)
 def training_prompts(prompts: DomainPrompts, settings: GenerateConfig) -> dict:
     """The prompts the target answers: split name -> prompts. The first of each split: a mix's splits take its
     components in turn (distill/data.py mixed_prompts), so these hold as many of each. Each training prompt is
-    answered generate.answers_per_prompt times (its copies' ids end in ~1, ~2, ...)."""
+    answered generate.answers_per_prompt times (its copies' ids end in ~1, ~2, ...); a served response is one of
+    the target's answers, so its prompt's copies are answered afresh, not scored again."""
     train = prompts.train[: settings.max_train_prompts]
-    train = train + [replace(prompt, id=f"{prompt.id}~{copy}") for copy in range(1, settings.answers_per_prompt)
-                     for prompt in train]
+    train = train + [replace(prompt, id=f"{prompt.id}~{copy}", served=None)
+                     for copy in range(1, settings.answers_per_prompt) for prompt in train]
     return {"train": train, "validation": prompts.validation[: settings.max_validation_prompts]}
 
 

@@ -3,17 +3,23 @@
     python scripts/data_scaling.py OUT_DIR [--domain code] [--row NAME="OVERRIDE ..."]...
 
 Each row is one `python -m train +domain=D stages=[generate,train]` run (its run directory OUT_DIR/NAME; a rerun
-resumes or reuses it), one at a time, so that no two runs share the cores. The rows by default:
+resumes or reuses it), one at a time, so that no two runs share the cores. Every row trains 8 epochs, so more
+data also means more optimizer steps. The rows by default:
 
-    target-25k     the default recipe: the target answers each training prompt once (4 epochs)
-    target-50k     the target answers each training prompt twice (2 epochs: the same optimizer steps)
-    on-policy-1    the default, plus: from epoch 1 the draft answers each prompt once per epoch, the target labels
-    on-policy-2    the same with two draft answers per prompt and epoch
+    target-25k       the target answers each training prompt once
+    target-50k       the target answers each training prompt twice
+    target-100k      four times
+    on-policy-50k    target-25k, plus: at the start of epochs 6 and 7 the draft answers each prompt, the target
+                     labels the answers (2 refreshes of about 25k tokens)
+    on-policy-100k   the same from epoch 4 (4 refreshes)
+    on-policy-175k   the same from epoch 1 (7 refreshes)
 
 For each run it prints the target-labelled tokens the draft trained on (the target's answers, and the draft's
 answers labelled by the target, counting each on-policy refresh), the CPU-minutes that made them (the target's
 answers at the rate generate measured for them; the on-policy refreshes as timed), the train stage's seconds and
-the validation slice's expected acceptance sum(min(p, q)) at the end. The held-out prompts have no part in it.
+the validation slice's expected acceptance sum(min(p, q)) at the end. Responses the target served need no run of
+their own: their labels are those the target's answers carry (tests/test_on_policy.py), made at the
+teacher-forced bound generate prints. The held-out prompts have no part in it.
 """
 
 from __future__ import annotations
@@ -25,11 +31,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+EIGHT_EPOCHS = "method.epochs=8"
+ON_POLICY = f"generate.answers_per_prompt=1 {EIGHT_EPOCHS} method.on_policy_answers=1 method.on_policy_from_epoch="
 DEFAULT_ROWS = {
-    "target-25k": "",
-    "target-50k": "generate.answers_per_prompt=2 method.epochs=2",
-    "on-policy-1": "method.on_policy_answers=1",
-    "on-policy-2": "method.on_policy_answers=2",
+    "target-25k": f"generate.answers_per_prompt=1 {EIGHT_EPOCHS}",
+    "target-50k": f"generate.answers_per_prompt=2 {EIGHT_EPOCHS}",
+    "target-100k": f"generate.answers_per_prompt=4 {EIGHT_EPOCHS}",
+    "on-policy-50k": ON_POLICY + "6",
+    "on-policy-100k": ON_POLICY + "4",
+    "on-policy-175k": ON_POLICY + "1",
 }
 
 
@@ -43,11 +53,12 @@ def run_row(out_dir: Path, domain: str, name: str, overrides: str) -> dict:
 
 
 def target_rate(summary: dict, known: dict) -> float | None:
-    """Tokens per minute of the target's answers: as this run's generate measured them, else as another run did
-    for the same sampling (answers from the cache carry no timing)."""
+    """Answer tokens per minute of the target's answers (their prompts labelled in the same forwards): as this
+    run's generate measured them, else as another run did for the same sampling (cached answers carry no timing)."""
     rates = summary.get("generate", {}).get("label_rates") or []
     if rates:
-        known["target"] = rates[0]["tokens_per_minute"]
+        made = rates[0]
+        known["target"] = 60 * (made["tokens"] - made.get("prompt_tokens", 0)) / made["seconds"]
     return known.get("target")
 
 
@@ -58,6 +69,7 @@ def row_figures(summary: dict, known: dict) -> dict:
     rate = target_rate(summary, known)
     return {"target answers": generate["train_answers"],
             "target tokens": target_tokens,
+            "prompt tokens": train.get("prompt_tokens", 0),
             "on-policy tokens": sum(r["tokens"] for r in on_policy),
             "data CPU-minutes": (target_tokens / rate if rate else float("nan"))
             + sum(r["seconds"] for r in on_policy) / 60,
@@ -73,9 +85,11 @@ def main() -> None:
                         help="a row of your own (repeatable); without any, the default rows")
     args = parser.parse_args()
     rows = dict(row.split("=", 1) for row in args.row) if args.row else DEFAULT_ROWS
-    known, table = {}, []
-    for name, overrides in rows.items():
-        table.append((name, overrides, row_figures(run_row(args.out_dir, args.domain, name, overrides), known)))
+    summaries = {name: run_row(args.out_dir, args.domain, name, overrides) for name, overrides in rows.items()}
+    known = {}
+    for summary in summaries.values():  # a row whose answers came from the cache takes another row's rate
+        target_rate(summary, known)
+    table = [(name, rows[name], row_figures(summary, known)) for name, summary in summaries.items()]
     columns = list(table[0][2])
     print("| row | overrides | " + " | ".join(columns) + " |")
     print("|---|---|" + "---|" * len(columns))

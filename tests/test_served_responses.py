@@ -21,7 +21,7 @@ from distill.config import DomainConfig, GenerateConfig
 from distill.data import DomainPrompts, Prompt, load_domain_prompts, read_jsonl_prompts, with_extra_training_prompts
 from distill.generate import cache_key, generate_dataset, score_answers
 from distill.served_responses import SERVED, ServedResponse, parse_served, served_by, why_regenerated
-from distill.stage import target_answers
+from distill.stage import target_answers, training_prompts
 from eval.harness import closed_loop
 from eval.harness.closed_loop import ClosedLoopCommand, LoopConfig, ServedLoop, request_line
 from eval.monitor.config import MonitorConfig
@@ -106,6 +106,12 @@ def test_a_prompt_file_carries_served_responses_and_a_malformed_one_names_its_li
                     + json.dumps({"id": "b", "prompt": "x", "response_token_ids": [1, 2], "served_by": "?"}) + "\n")
     with pytest.raises(PromptError, match=f"{path}:2: served_by must be an object"):
         read_jsonl_prompts(path)
+
+
+def test_a_served_prompts_further_answers_are_the_targets_own_not_the_response_again():
+    prompt = replace(Prompt("a", "first", "train"), served=served([7, 8]))
+    answered = training_prompts(DomainPrompts([prompt], [], []), GenerateConfig(answers_per_prompt=3))["train"]
+    assert [(p.id, p.served) for p in answered] == [("a", served([7, 8])), ("a~1", None), ("a~2", None)]
 
 
 # Scored or regenerated ----------------------------------------------------------------------------------------
@@ -214,7 +220,7 @@ def test_the_generate_stage_scores_the_served_responses_of_the_retrains_traffic_
                                            **response.fields()}) + "\n" for index, response in enumerate(responses)))
     domain = DomainConfig(name="code", extra_prompts=str(traffic))
     settings = GenerateConfig(max_train_prompts=4, max_validation_prompts=2, max_new_tokens=6, batch_size=4,
-                              top_k_logprobs=4, autocast="off")
+                              top_k_logprobs=4, autocast="off", answers_per_prompt=2)
     ctx = RunContext(run_dir=tmp_path, pair=tiny_pair, target_spec=ModelSpec(path="tiny-random"), accelerator=None,
                      tracker=None)
     with caplog.at_level(logging.INFO, logger="distill"):
@@ -222,7 +228,9 @@ def test_the_generate_stage_scores_the_served_responses_of_the_retrains_traffic_
     sources = dict(zip(found["train"]["id"], found["train"]["source"]))
     assert {key: sources[key] for key in ("extra-traffic-0", "extra-traffic-1", "extra-traffic-2")} == {
         "extra-traffic-0": SERVED, "extra-traffic-1": SERVED, "extra-traffic-2": "target"}
-    assert list(sources.values()).count(SERVED) == 2 and record.train_answers == 4
+    # a served prompt's second answer is the target's own
+    assert sources["extra-traffic-0~1"] == sources["extra-traffic-1~1"] == "target"
+    assert list(sources.values()).count(SERVED) == 2 and record.train_answers == 8
     # tokens per CPU-minute per source: the answers the target decoded apart from the responses it scored
     rates = {rate["source"]: rate for rate in record.label_rates}
     scored = rates["the target scores served responses (teacher-forced)"]
@@ -237,7 +245,7 @@ def test_the_generate_stage_scores_the_served_responses_of_the_retrains_traffic_
     assert decoded["tokens"] - decoded["prompt_tokens"] == sum(answer_tokens) - scored["tokens"]
     assert rates["the target labels the prompts (teacher-forced)"]["tokens"] == sum(
         len(ids) for ids, source in zip(found["train"]["prompt_top_ids"], sources.values()) if source == SERVED)
-    assert len(answered) == 2 + 2  # the other two train prompts, then the validation prompts
+    assert len(answered) == 2 + 4 + 2  # the other two train prompts, every prompt's second answer, the validation's
     assert f"1 served responses regenerated: 1 from another target (fingerprint other-target, this target {TARGET})" \
         in caplog.messages
     looked_up, _ = target_answers(ctx, domain, settings, DecodeConfig(), load_domain_prompts(domain), create=False)

@@ -126,7 +126,7 @@ def test_only_settings_that_shape_the_draft_move_the_run_directory(compose_train
     for measuring_only in (["decode.gamma=5"], ["decode.dynamic_gamma=true"], ["eval.max_prompts=64"],
                            ["export.gguf=false"], ["logger=disabled"], ["stages=[eval]"]):
         assert run_directory(compose_train(["+domain=code", *measuring_only])) == base, measuring_only
-    for shaping in (["method.lr=0.01"], ["generate.max_train_prompts=10"], ["pair.draft.derive_layers=4"],
+    for shaping in (["method.lr=0.01"], ["generate.max_train_prompts=10"], ["pair.draft.derive_layers=3"],
                     ["decode.temperature=1.0"], ["seed=1"], ["+domain=math"]):
         overrides = shaping if shaping[0].startswith("+domain") else ["+domain=code", *shaping]
         assert run_directory(compose_train(overrides)) != base, shaping
