@@ -135,7 +135,8 @@ def test_target_written_prompts_only_train_and_take_their_share(general, mixed):
     assert len(magpie) == 69 and {prompt.split for prompt in magpie} == {"train"}
     assert normal_form(repeat) not in {normal_form(prompt.text) for prompt in magpie}
     assert [prompt for prompt in written.train if component_of(prompt) != "magpie"] == mixed.train
-    counts = components_count(training_prompts(written, GenerateConfig(max_train_prompts=400, answers_per_prompt=1))["train"])
+    answered = training_prompts(written, GenerateConfig(max_train_prompts=400, answers_per_prompt=1))
+    counts = components_count(answered["train"])
     assert sorted(counts) == sorted(COMPONENTS + ["magpie"]) and set(counts.values()) <= {66, 67}
     # once in, not again; another source, or magpie_prompts 0, leaves the prompts as they are
     assert with_target_written_prompts(domain, written, pair, "fingerprint", 0, 8, 400) == written
