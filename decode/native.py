@@ -1,7 +1,7 @@
 """A lean forward for Llama-family decoders (Llama, Mistral, Qwen2, Qwen3).
 
-It reads the Hugging Face model's own weight tensors (no copy) and runs the
-same arithmetic as transformers' eager/SDPA path, but with a preallocated,
+It reads the Hugging Face model's own weight tensors (no copy; under autocast, a copy in autocast's dtype
+made once) and runs the same arithmetic as transformers' eager/SDPA path, but with a preallocated,
 position-addressed cache and none of the per-call mask and cache objects, which
 dominate the cost of a small model's decode step.
 """
@@ -80,6 +80,7 @@ class NativeLlamaRunner(CausalLMRunner):
         self.device = self.embed.device
         self.cache: KVCache | None = None
         self._rope_len = 0
+        self._cast_weights: dict[int, tuple[torch.Tensor, int, torch.Tensor]] = {}
         # layers whose input states a forward keeps in `captured` [B, T, len x H] (an EAGLE-3 head reads them)
         self.capture_layers: tuple[int, ...] = ()
         self.captured: torch.Tensor | None = None
@@ -94,7 +95,23 @@ class NativeLlamaRunner(CausalLMRunner):
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """F.linear, through the kernel this machine measured fastest for x's row count and this weight's shape."""
-        return self.skinny_route.kernel(x.numel() // x.shape[-1], weight.shape)(x, weight, bias)
+        return self.skinny_route.kernel(x.numel() // x.shape[-1], weight.shape)(x, self._in_autocast_dtype(weight),
+                                                                               bias)
+
+    def _in_autocast_dtype(self, weight: torch.Tensor) -> torch.Tensor:
+        """The weight as autocast would cast it, cast once and kept until free() or until the weight changes (its
+        version counter moves when an optimizer updates it in place). Autocast caches no cast of a weight that needs
+        no gradient, so it cast every frozen weight at every call: half of a 32-row decode step of the default
+        target on a CPU went to those copies."""
+        if not torch.is_autocast_enabled(self.device.type):
+            return weight
+        dtype = torch.get_autocast_dtype(self.device.type)
+        if weight.dtype == dtype or weight.dtype != torch.float32:
+            return weight
+        kept = self._cast_weights.get(id(weight))
+        if kept is None or kept[0] is not weight or kept[1] != weight._version or kept[2].dtype != dtype:
+            kept = self._cast_weights[id(weight)] = (weight, weight._version, weight.to(dtype))
+        return kept[2]
 
     def _rope_tables(self, max_len: int) -> None:
         """cos/sin [max_len, head_dim] from the model's own rotary module (any static RoPE variant)."""
@@ -118,6 +135,7 @@ class NativeLlamaRunner(CausalLMRunner):
 
     def free(self) -> None:
         self.cache = None
+        self._cast_weights.clear()
 
     def _decided_step_padding(self, weights: list[torch.Tensor]) -> StepPadding:
         """Measured once per process for a device, dtype and architecture; unmeasured (no padding) on CUDA and for

@@ -41,9 +41,10 @@ class GenerateConfig:
     max_train_prompts: int = 400
     max_validation_prompts: int = 24  # the training-time metric; never the eval prompts
     max_new_tokens: int = 64
-    # the target's answers to each training prompt (sampled, so each differs): a second answer per prompt paid more
-    # a CPU-minute than the draft's own answers labelled by the target (BENCHMARKS.md, the scaling table)
-    answers_per_prompt: int = 2
+    # the target's answers to each training prompt (sampled, so each differs): more answers per prompt paid more a
+    # CPU-minute than the draft's own answers labelled by the target (BENCHMARKS.md, the scaling table), and four
+    # answers over 3 epochs more than two over 6 for the same steps
+    answers_per_prompt: int = 4
     batch_size: int = 32
     top_k_logprobs: int = 64  # the target's distribution kept per answer token: its k most likely tokens
     # the training prompts' own tokens labelled too, from the user's message on (one teacher-forced forward of the

@@ -96,5 +96,5 @@ def test_summarization_decodes_with_context_copies_unless_told_not_to():
 
 def test_a_mismatch_would_be_caught():
     """The comparison above sees a value that differs from its dataclass default."""
-    changed = composed("train", ["method.epochs=3"])
+    changed = composed("train", ["method.epochs=5"])
     assert changed != OmegaConf.to_container(OmegaConf.structured(TrainConfig))

@@ -65,6 +65,33 @@ def test_a_batched_one_token_step_of_rows_at_different_lengths_matches_transform
                                    rtol=1e-9, atol=1e-9)
 
 
+def test_under_autocast_the_weights_cast_once_give_autocasts_logits_and_follow_an_update():
+    """The runner keeps its weights in autocast's dtype instead of letting autocast cast them at every call: the
+    logits are autocast's own, and a weight changed in place (a training step between on-policy answers) is cast
+    again, not served stale."""
+    model = tiny_llama(VOCAB, init_std=0.2)
+    runner = NativeLlamaRunner(model, VOCAB)
+    tokens = torch.randint(0, VOCAB, (2, 9), generator=torch.Generator().manual_seed(4))
+
+    def both():
+        runner.reset(2, 16)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            ours = runner.forward(tokens, torch.zeros(2, dtype=torch.long), 9)
+            with torch.no_grad():
+                theirs = model(tokens).logits[..., :VOCAB]
+        return ours.float(), theirs.float()
+
+    ours, theirs = both()
+    assert runner._cast_weights, "no weight was kept in bf16"
+    torch.testing.assert_close(ours, theirs, rtol=0.02, atol=0.02)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.mul_(1.5)
+    updated, theirs_updated = both()
+    torch.testing.assert_close(updated, theirs_updated, rtol=0.02, atol=0.02)
+    assert (updated - ours).abs().max() > 0.1
+
+
 def test_only_a_single_rows_one_token_step_runs_padded(monkeypatch):
     model = MODELS["llama"]
     runner = NativeLlamaRunner(model, VOCAB)
