@@ -106,7 +106,7 @@ class NativeLlamaRunner(CausalLMRunner):
         if not torch.is_autocast_enabled(self.device.type):
             return weight
         dtype = torch.get_autocast_dtype(self.device.type)
-        if weight.dtype == dtype or weight.dtype != torch.float32:
+        if weight.dtype != torch.float32:  # autocast casts float32 weights only
             return weight
         kept = self._cast_weights.get(id(weight))
         if kept is None or kept[0] is not weight or kept[1] != weight._version or kept[2].dtype != dtype:
