@@ -24,6 +24,11 @@ class KVCache:
     def batch_size(self) -> int:
         return self.keys[0].shape[0]
 
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """Row i becomes row rows[i] (rows may repeat a row)."""
+        self.keys = [keys[rows] for keys in self.keys]
+        self.values = [values[rows] for values in self.values]
+
     def write(self, layer: int, new_keys: torch.Tensor, new_values: torch.Tensor,
               positions: torch.Tensor, kv_len: int) -> tuple[torch.Tensor, torch.Tensor]:
         """new_keys/new_values [B, H_kv, T, D] go to slots positions [B, T].

@@ -43,6 +43,12 @@ class HFRunner(CausalLMRunner):
     def free(self) -> None:
         self.cache = None
 
+    copies_rows = True
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.cache.reorder_cache(rows)
+        self.slot_position = self.slot_position[rows]
+
     @torch.inference_mode()
     def forward(self, tokens, start, kv_len, logits_at=None):
         batch, length = tokens.shape

@@ -137,6 +137,11 @@ class NativeLlamaRunner(CausalLMRunner):
         self.cache = None
         self._cast_weights.clear()
 
+    copies_rows = True
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        self.cache.select_rows(rows)
+
     def _decided_step_padding(self, weights: list[torch.Tensor]) -> StepPadding:
         """Measured once per process for a device, dtype and architecture; unmeasured (no padding) on CUDA and for
         models under SMALL_MODEL_ELEMENTS weight elements, like the matmul route."""

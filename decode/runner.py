@@ -40,6 +40,14 @@ class CausalLMRunner(abc.ABC):
     def free(self) -> None:
         """Release the cache memory."""
 
+    # whether select_rows is implemented: the decoder then reads a prompt given several times once
+    copies_rows: bool = False
+
+    def select_rows(self, rows: torch.Tensor) -> None:
+        """The cache's row i becomes its row rows[i] (rows [B'] may repeat a row): one prefill of a prompt serves
+        each of its answers."""
+        raise NotImplementedError(f"{type(self).__name__} does not copy cache rows")
+
 
 def kept_token_ids(model) -> list[int] | None:
     """The draft vocabulary of a pruned draft (config.draft_vocab), or None for a full vocabulary.

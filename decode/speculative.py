@@ -165,7 +165,6 @@ class SpeculativeDecoder:
         self.target.capture_layers = drafter.capture_layers if speculative else ()
         timer = PhaseTimer(self.device)
         began = timer.start()
-        self.target.reset(state.batch, state.capacity)
         state.prefill(sampling)
         timer.add("ttft", began)
         if speculative:
@@ -212,6 +211,7 @@ class _Batch:
         self.prompt_lengths = [len(prompt) for prompt in prompts]
         self.longest_prompt = max(self.prompt_lengths)
         self.capacity = self.longest_prompt + max(budgets) + largest_gamma + 2
+        self.answering_alone = largest_gamma == 0  # the target decodes without a draft
         self.tokens = torch.full((self.batch, self.capacity), decoder.pad_token_id, dtype=torch.long, device=device)
         for row, prompt in enumerate(prompts):
             self.tokens[row, : len(prompt)] = torch.as_tensor(list(prompt), dtype=torch.long)
@@ -269,42 +269,69 @@ class _Batch:
         return min(max(self.lengths_host) + ahead, self.capacity)
 
     def prefill(self, sampling: SamplingParams) -> None:
+        readers, reader_of = self._prompt_readers()
+        target = self.decoder.target
+        target.reset(len(readers), self.capacity)
         if self.label_prompts_from is None:
-            prompt_block = self.tokens[:, : self.longest_prompt]
-            start = torch.zeros(self.batch, dtype=torch.long, device=self.tokens.device)
-            last_prompt_position = (self.lengths - 1)[:, None]
-            logits = self.decoder.target.forward(prompt_block, start, self.longest_prompt,
-                                                 logits_at=last_prompt_position)[:, 0]
-            self.target_hidden = self.decoder.target.captured
+            lengths = self.lengths[readers]
+            longest = int(lengths.max())
+            start = torch.zeros(len(readers), dtype=torch.long, device=self.tokens.device)
+            logits = target.forward(self.tokens[readers, :longest], start, longest,
+                                    logits_at=(lengths - 1)[:, None])[:, 0]
+            self.target_hidden = target.captured
         else:
-            logits = self._labelling_prefill()
+            logits = self._labelling_prefill(readers)
+        if reader_of is not None:  # each answer's row takes its prompt's cache, logits and labels
+            target.select_rows(reader_of)
+            logits = logits[reader_of]
+            self.prompt_recorded = [(ids[reader_of], values[reader_of]) for ids, values in self.prompt_recorded]
         self._record(logits)
         first = sample_from_logits(logits, sampling, self.generator)
         self._emit(first[:, None], torch.ones_like(first))
 
-    def _labelling_prefill(self) -> torch.Tensor:
-        """The prefill in chunks of positions whose logits all go through the head (a chunk's logits stay within
-        LABEL_LOGITS_ELEMENTS), the top-k kept at each -> the logits at each row's last prompt token [B, V].
-        Rows shorter than a chunk hold padding there: logits no row reads, keys the decode steps overwrite."""
+    def _prompt_readers(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """-> the rows whose prompts the prefill reads, and for each row the index among them of the row that reads
+        its prompt (None: every row reads its own). Answering alone with a runner that copies cache rows, a prompt
+        given several times (several answers to it) is read once, by the copy with the most labelled prompt tokens."""
+        every_row = torch.arange(self.batch, device=self.tokens.device)
+        if not self.answering_alone or not self.decoder.target.copies_rows:
+            return every_row, None
+        prompts = [tuple(self.tokens[row, :length].tolist()) for row, length in enumerate(self.prompt_lengths)]
+        firsts = self.label_prompts_from or [0] * self.batch
+        reader_of_prompt: dict[tuple, int] = {}
+        for row in sorted(range(self.batch), key=lambda row: firsts[row]):
+            reader_of_prompt.setdefault(prompts[row], row)
+        if len(reader_of_prompt) == self.batch:
+            return every_row, None
+        readers = sorted(reader_of_prompt.values())
+        index_of = {row: index for index, row in enumerate(readers)}
+        reader_of = [index_of[reader_of_prompt[prompt]] for prompt in prompts]
+        return torch.tensor(readers, device=self.tokens.device), torch.tensor(reader_of, device=self.tokens.device)
+
+    def _labelling_prefill(self, readers: torch.Tensor) -> torch.Tensor:
+        """The prefill of the rows `readers` in chunks of positions whose logits all go through the head (a chunk's
+        logits stay within LABEL_LOGITS_ELEMENTS), the top-k kept at each -> the logits at each row's last prompt
+        token [len(readers), V]. Rows shorter than a chunk hold padding there: logits no row reads, keys the decode
+        steps overwrite."""
         target, device = self.decoder.target, self.tokens.device
-        first_read = min(self.label_prompts_from) - 1  # the logits predicting the earliest labelled token
-        per_chunk = max(1, LABEL_LOGITS_ELEMENTS // (self.batch * target.vocab_size))
-        last = torch.zeros(self.batch, target.vocab_size, device=device)
+        rows, lengths = len(readers), self.lengths[readers]
+        longest = int(lengths.max())
+        first_read = min(self.label_prompts_from[row] for row in readers.tolist()) - 1  # predicts the earliest
+        per_chunk = max(1, LABEL_LOGITS_ELEMENTS // (rows * target.vocab_size))
+        last = torch.zeros(rows, target.vocab_size, device=device)
         bounds = ([(0, first_read)] if first_read else []) + [
-            (begin, min(begin + per_chunk, self.longest_prompt))
-            for begin in range(first_read, self.longest_prompt, per_chunk)]
+            (begin, min(begin + per_chunk, longest)) for begin in range(first_read, longest, per_chunk)]
         for begin, end in bounds:
-            start = torch.full((self.batch,), begin, dtype=torch.long, device=device)
-            read = torch.arange(end - begin, device=device).expand(self.batch, -1) if begin >= first_read else \
-                torch.full((self.batch, 1), end - begin - 1, device=device)  # unread: the cheapest one position
-            logits = target.forward(self.tokens[:, begin:end], start, end, logits_at=read)
+            start = torch.full((rows,), begin, dtype=torch.long, device=device)
+            read = torch.arange(end - begin, device=device).expand(rows, -1) if begin >= first_read else \
+                torch.full((rows, 1), end - begin - 1, device=device)  # unread: the cheapest one position
+            logits = target.forward(self.tokens[readers, begin:end], start, end, logits_at=read)
             if begin < first_read:
                 continue
             self.prompt_recorded.append(self._top_k(logits))
-            ends_here = (self.lengths - 1 >= begin) & (self.lengths - 1 < end)
-            at_end = (self.lengths - 1 - begin).clamp(0, end - begin - 1)
-            last = torch.where(ends_here[:, None], logits[torch.arange(self.batch, device=device), at_end].float(),
-                               last)
+            ends_here = (lengths - 1 >= begin) & (lengths - 1 < end)
+            at_end = (lengths - 1 - begin).clamp(0, end - begin - 1)
+            last = torch.where(ends_here[:, None], logits[torch.arange(rows, device=device), at_end].float(), last)
         self.target_hidden = None  # a drafter that reads the target's states is never given a labelling prefill
         return last
 

@@ -45,7 +45,11 @@ class GenerateConfig:
     # CPU-minute than the draft's own answers labelled by the target (BENCHMARKS.md, the scaling table), and four
     # answers over 3 epochs more than two over 6 for the same steps
     answers_per_prompt: int = 4
+    # prompts answered together: on a CPU, generate times a decode step at batch_size, 2 batch_size, ... up to
+    # max_batch_size rows and takes the cheapest a row (distill/generate.py answer_batch_size); on a GPU,
+    # max_batch_size. A batch_size at or above max_batch_size: that batch. The target-written prompts (domain.source magpie) keep batch_size
     batch_size: int = 32
+    max_batch_size: int = 64
     top_k_logprobs: int = 64  # the target's distribution kept per answer token: its k most likely tokens
     # the training prompts' own tokens labelled too, from the user's message on (one teacher-forced forward of the
     # target a batch): the draft also learns the target on the prompts' text (BENCHMARKS.md)

@@ -40,6 +40,9 @@ log = logging.getLogger(__name__)
 FORMAT_VERSION = 2
 PROBE_PROMPT, PROBE_STEPS = 24, 6  # the prompt tokens and decode steps of the answers `auto` times
 LABEL_BATCH = 8  # sequences of one teacher-forced labelling forward
+# the batch probe: decode steps at this many tokens of context (a prompt and half an answer of the code domain);
+# a larger batch must cost this much less a row, or the smaller one stays (the probe's noise is a few percent)
+BATCH_PROBE_CONTEXT, MIN_BATCH_GAIN = 120, 1.1
 LABEL_PROBE_TOKENS = 64  # tokens a row of the timed labelling forward of `auto`
 BOUND_SEQUENCES = 32  # sequences of a source's own whose labelling the bound times
 
@@ -110,6 +113,41 @@ def generation_precision(runner: CausalLMRunner, setting: str, batch_size: int) 
     return choose_precision(setting, runner.device.type, speedup, "generate")
 
 
+def answer_batch_size(runner: CausalLMRunner, precision: Precision, smallest: int, largest: int) -> int:
+    """The prompts answered together. On a CPU, of smallest, 2 smallest, 4 smallest ... up to largest, the batch
+    whose decode step (at BATCH_PROBE_CONTEXT tokens of context, in `precision`) costs least a row, a larger one
+    taken where it costs MIN_BATCH_GAIN times less: what a row costs falls with the batch while the weights'
+    reads dominate, and rises once the attention over every row's cache does (on a 2-core Xeon 64 rows wrote
+    answers 1.23x faster than 32 and 128 slower than 64). Elsewhere (a GPU gains from any batch it holds): largest."""
+    if runner.device.type != "cpu" or largest <= smallest:
+        return largest
+
+    def seconds_a_row(rows: int) -> float:
+        runner.reset(rows, BATCH_PROBE_CONTEXT + 1)
+        tokens = torch.zeros(rows, 1, dtype=torch.long, device=runner.device)
+        start = torch.full((rows,), BATCH_PROBE_CONTEXT, dtype=torch.long, device=runner.device)
+        with precision.autocast():
+            runner.forward(tokens, start, BATCH_PROBE_CONTEXT + 1)  # warm-up
+            timings = []
+            for _ in range(3):
+                began = time.perf_counter()
+                runner.forward(tokens, start, BATCH_PROBE_CONTEXT + 1)
+                timings.append(time.perf_counter() - began)
+        return min(timings) / rows
+
+    chosen, chosen_cost, rows = smallest, seconds_a_row(smallest), smallest
+    costs = {smallest: chosen_cost}
+    while rows * 2 <= largest:
+        rows *= 2
+        costs[rows] = seconds_a_row(rows)
+        if costs[rows] * MIN_BATCH_GAIN < chosen_cost:
+            chosen, chosen_cost = rows, costs[rows]
+    runner.free()
+    log.info("generate batch: %d prompts (a decode step a row: %s)", chosen,
+             ", ".join(f"{rows} rows {cost * 1e3:.2f} ms" for rows, cost in costs.items()))
+    return chosen
+
+
 def labelling_precision(runner: CausalLMRunner, setting: str, batch_size: int = LABEL_BATCH) -> Precision:
     """The precision of the runner's teacher-forced forwards (score_answers) for `setting`; on a CPU `auto` times
     one forward of batch_size rows of LABEL_PROBE_TOKENS tokens. It can differ from generation's choice: a forward
@@ -135,15 +173,16 @@ def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids:
                    precision: Precision = FLOAT32, label_prompts_from: list[int] | None = None) -> list[dict]:
     """Sample an answer per prompt with the runner's model alone (plain sampling: exactly its distribution).
 
-    Prompts are batched by length so little compute goes to padding. Returns, in the order
-    of prompt_ids, {"input_ids", "prompt_length", "stopped_by_eos"} and, with top_k_logprobs,
+    Prompts are batched by length; a prompt given several times is read once (decode/speculative.py). Returns, in
+    the order of prompt_ids, {"input_ids", "prompt_length", "stopped_by_eos"} and, with top_k_logprobs,
     "target_top_ids" / "target_top_logprobs": the model's k most likely tokens at each answer
     position (temperature 1), recorded while it answers: the distillation targets. With label_prompts_from (per
     prompt, its first token to label), also "prompt_labels_from", "prompt_top_ids", "prompt_top_logprobs": the
     same at the prompt's tokens from there on, computed by the forwards that read the prompt (label_prompts).
     """
     decoder = SpeculativeDecoder(runner, None, eos_token_ids)
-    order = sorted(range(len(prompt_ids)), key=lambda i: len(prompt_ids[i]))
+    # by length, so little compute goes to padding, and a prompt's copies side by side: a batch reads it once
+    order = sorted(range(len(prompt_ids)), key=lambda i: (len(prompt_ids[i]), prompt_ids[i]))
     answers: list[dict | None] = [None] * len(prompt_ids)
     with tqdm(total=len(order), desc=description, unit="prompt", disable=not show_progress) as bar:
         for batch_index, begin in enumerate(range(0, len(order), batch_size)):

@@ -21,7 +21,7 @@ from decode.precision import FLOAT32, Precision
 from distill.config import DomainConfig, GenerateConfig
 from decode.results import GenerateResult
 from distill.data import DomainPrompts, components_count
-from distill.generate import (BOUND_SEQUENCES, cache_key, dataset_directory, generate_dataset, generation_precision,
+from distill.generate import (BOUND_SEQUENCES, answer_batch_size, cache_key, dataset_directory, generate_dataset, generation_precision,
                               labelling_bound, labelling_precision, load_cached_dataset)
 from distill.throughput import LabelRate
 from distill.magpie import with_target_written_prompts
@@ -60,6 +60,7 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                 log.info("domain %s, %s prompts by component: %s", domain.name, split,
                          ", ".join(f"{name} {count}" for name, count in components_count(split_prompts).items()))
     found, where, precision, labelling, rates = {}, {}, None, None, []
+    batch_size = settings.batch_size  # a server's answers: requests in flight are server_parallel
     with answering_server(settings, ctx.target_spec, ctx.pair.eos_token_ids,
                           ctx.run_dir / "generate_server.log") as served:
         for split, split_prompts in training_prompts(prompts, settings).items():
@@ -69,15 +70,17 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                             domain.system_prompt, settings.top_k_logprobs, source, prompt_labels)
             directory, dataset = dataset_directory(name, key), load_cached_dataset(name, key)
             if dataset is None and create:
-                if served is None:
-                    precision = precision or generation_precision(ctx.pair.target_runner(), settings.autocast,
-                                                                  settings.batch_size)
+                if served is None and precision is None:
+                    runner = ctx.pair.target_runner()
+                    precision = generation_precision(runner, settings.autocast, settings.batch_size)
+                    batch_size = answer_batch_size(runner, precision, settings.batch_size,
+                                                   max(settings.batch_size, settings.max_batch_size))
                 if prompt_labels:
                     labelling = labelling or labelling_precision(ctx.pair.target_runner(), settings.autocast)
                 began = time.perf_counter()
                 generated = generate_dataset(
                     ctx.pair, split_prompts, name, fingerprint, sampling, settings.max_new_tokens,
-                    settings.batch_size, ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator,
+                    batch_size, ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator,
                     precision or FLOAT32, served, labelling if prompt_labels else None)
                 dataset, directory = generated.dataset, generated.directory
                 if split == "train":

@@ -1,13 +1,15 @@
 """The prompts' own tokens labelled by the target (generate.label_prompts): from the user's message on, aligned
 with the tokens they predict, trained on beside the answers, and kept out of the validation metric."""
 
+import pytest
 import torch
 
 from decode.examples import collate
+from decode.models import make_runner
 from decode.pair import user_turn_template
 from decode.sampling import SamplingParams
 from distill.data import answer_token_count, examples_from_records
-from distill.generate import answer_prompts, cache_key, label_prompts
+from distill.generate import answer_prompts, cache_key, label_prompts, prompt_label_starts
 from distill.data import Prompt
 
 PROMPTS = ["hi", "write code that sorts a list", "add 2 and 3", "why?"]
@@ -84,3 +86,34 @@ def test_answers_with_prompt_labels_are_cached_apart_from_answers_without():
     plain = cache_key("t", "d", prompts, SamplingParams(), 8, 0, None, 4)
     assert cache_key("t", "d", prompts, SamplingParams(), 8, 0, None, 4, prompt_labels=True) != plain
     assert cache_key("t", "d", prompts, SamplingParams(), 8, 0, None, 4, prompt_labels=False) == plain
+
+
+@pytest.mark.parametrize("backend", ["native", "transformers"])
+def test_a_prompt_answered_several_times_is_read_once_and_answered_as_if_read_each_time(tiny_pair, backend):
+    runner = make_runner(tiny_pair.target, tiny_pair.vocab_size, backend)
+    prompt_ids = [tiny_pair.encode_chat([text])[0] for text in PROMPTS[:2]]
+    copies = [prompt_ids[0], prompt_ids[1], prompt_ids[0], prompt_ids[0], prompt_ids[1]]
+    starts = prompt_label_starts(copies, user_turn_template(tiny_pair.tokenizer)[0])
+    prefill_rows = []
+    forward = runner.forward
+
+    def counted(tokens, start, kv_len, logits_at=None):
+        if int(start.max()) == 0:  # a prefill's first forward
+            prefill_rows.append(tokens.shape[0])
+        return forward(tokens, start, kv_len, logits_at)
+
+    runner.forward = counted
+    answered = []
+    for copies_rows in (True, False):
+        runner.copies_rows = copies_rows
+        answered.append(answer_prompts(runner, tiny_pair.eos_token_ids, copies, SamplingParams(temperature=0.7),
+                                       6, 5, seed=4, show_progress=False, top_k_logprobs=8,
+                                       label_prompts_from=starts))
+    assert prefill_rows == [2, 5]
+    shared, separate = answered
+    for once, each in zip(shared, separate):
+        assert once["input_ids"] == each["input_ids"] and once["target_top_ids"] == each["target_top_ids"]
+        torch.testing.assert_close(torch.tensor(once["target_top_logprobs"]),
+                                   torch.tensor(each["target_top_logprobs"]), rtol=1e-5, atol=1e-5)
+        assert once["prompt_top_ids"] == each["prompt_top_ids"]
+    assert [len(record["prompt_top_ids"]) > 0 for record in shared] == [True, True, False, False, False]
