@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from decode.files import published
 from decode.models import cache_root
 from decode.pair import user_turn_template
-from decode.precision import FLOAT32, Precision, choose_precision, cpu_bf16_speedup
+from decode.precision import FLOAT32, MIN_MULTIPLY_ADDS, Precision, choose_precision, cpu_bf16_speedup
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
 from decode.speculative import SpeculativeDecoder
@@ -118,9 +118,13 @@ def answer_batch_size(runner: CausalLMRunner, precision: Precision, smallest: in
     whose decode step (at BATCH_PROBE_CONTEXT tokens of context, in `precision`) costs least a row, a larger one
     taken where it costs MIN_BATCH_GAIN times less: what a row costs falls with the batch while the weights'
     reads dominate, and rises once the attention over every row's cache does (on a 2-core Xeon 64 rows wrote
-    answers 1.23x faster than 32 and 128 slower than 64). Elsewhere (a GPU gains from any batch it holds): largest."""
+    answers 1.23x faster than 32 and 128 slower than 64). Elsewhere (a GPU gains from any batch it holds): largest.
+    A model too small to time (its steps take microseconds: decode/precision.py) keeps smallest."""
     if runner.device.type != "cpu" or largest <= smallest:
         return largest
+    width = runner.model.config.hidden_size
+    if smallest * width * 4 * width < MIN_MULTIPLY_ADDS:
+        return smallest
 
     def seconds_a_row(rows: int) -> float:
         runner.reset(rows, BATCH_PROBE_CONTEXT + 1)

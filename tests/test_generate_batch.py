@@ -2,6 +2,8 @@
 least a row, a larger one only where it costs MIN_BATCH_GAIN times less; the runner's forwards are timed by a
 clock that they advance themselves, so each case is exact."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -12,8 +14,9 @@ from decode.precision import FLOAT32
 class SteppedRunner:
     """A runner whose forward over `rows` rows takes step_seconds(rows) of the clock it is given."""
 
-    def __init__(self, step_seconds, clock, device="cpu"):
+    def __init__(self, step_seconds, clock, device="cpu", hidden_size=576):
         self.step_seconds, self.clock, self.device = step_seconds, clock, torch.device(device)
+        self.model = SimpleNamespace(config=SimpleNamespace(hidden_size=hidden_size))
         self.rows, self.freed = None, False
 
     def reset(self, rows, max_len):
@@ -46,7 +49,11 @@ def test_the_batch_is_the_cheapest_a_row_by_a_clear_margin(clock, step_seconds, 
     assert runner.freed
 
 
-def test_a_gpu_or_a_single_batch_size_is_not_timed(clock):
-    untimed = SteppedRunner(lambda rows: pytest.fail("timed"), clock, device="meta")
-    assert generate.answer_batch_size(untimed, FLOAT32, 32, 64) == 64
-    assert generate.answer_batch_size(SteppedRunner(lambda rows: pytest.fail("timed"), clock), FLOAT32, 32, 32) == 32
+def test_a_gpu_a_single_batch_size_or_a_model_too_small_to_time_is_not_timed(clock):
+    def untimed(**settings):
+        return SteppedRunner(lambda rows: pytest.fail("timed"), clock, **settings)
+
+    assert generate.answer_batch_size(untimed(device="meta"), FLOAT32, 32, 64) == 64
+    assert generate.answer_batch_size(untimed(), FLOAT32, 32, 32) == 32
+    # the tiny test models: their steps take microseconds, and the batch would follow the machine's noise
+    assert generate.answer_batch_size(untimed(hidden_size=64), FLOAT32, 32, 64) == 32
