@@ -47,7 +47,8 @@ class GenerateConfig:
     answers_per_prompt: int = 4
     # prompts answered together: on a CPU, generate times a decode step at batch_size, 2 batch_size, ... up to
     # max_batch_size rows and takes the cheapest a row (distill/generate.py answer_batch_size); on a GPU,
-    # max_batch_size. A batch_size at or above max_batch_size: that batch. The target-written prompts (domain.source magpie) keep batch_size
+    # max_batch_size. A batch_size at or above max_batch_size, or a model too small to time: batch_size. The
+    # target-written prompts (domain.source magpie) keep batch_size
     batch_size: int = 32
     max_batch_size: int = 64
     top_k_logprobs: int = 64  # the target's distribution kept per answer token: its k most likely tokens

@@ -21,8 +21,8 @@ from decode.precision import FLOAT32, Precision
 from distill.config import DomainConfig, GenerateConfig
 from decode.results import GenerateResult
 from distill.data import DomainPrompts, components_count
-from distill.generate import (BOUND_SEQUENCES, answer_batch_size, cache_key, dataset_directory, generate_dataset, generation_precision,
-                              labelling_bound, labelling_precision, load_cached_dataset)
+from distill.generate import (BOUND_SEQUENCES, answer_batch_size, cache_key, dataset_directory, generate_dataset,
+                              generation_precision, labelling_bound, labelling_precision, load_cached_dataset)
 from distill.throughput import LabelRate
 from distill.magpie import with_target_written_prompts
 from distill.served_answers import answer_source, answering_server
