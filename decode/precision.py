@@ -82,6 +82,12 @@ def choose_precision(setting: str, device_type: str, measure_speedup: Callable[[
     return chosen
 
 
+def too_small_to_time(rows: int, features: int) -> bool:
+    """Whether a model of width `features` over `rows` rows steps in microseconds, which a busy machine's noise
+    swamps: nothing about it is decided by timing."""
+    return rows * features * 4 * features < MIN_MULTIPLY_ADDS
+
+
 def cpu_bf16_speedup(step: Callable[[], object], rows: int, features: int) -> float | None:
     """float32 time / bf16-autocast time of `step`, the model's own work, on the CPU; None for a model
     too small to time (its steps take microseconds, which a busy machine's noise swamps).
@@ -91,7 +97,7 @@ def cpu_bf16_speedup(step: Callable[[], object], rows: int, features: int) -> fl
     runs are skipped. Anywhere else the step itself decides: on a Zen 4 core the default target wrote 32-row
     batches of answers 1.33x faster under bf16 while a [32 x 576] matmul alone ran at 0.96x.
     """
-    if rows * features * 4 * features < MIN_MULTIPLY_ADDS:
+    if too_small_to_time(rows, features):
         return None
     inputs, weight = torch.randn(rows, features), torch.randn(4 * features, features)
     matmul = bf16_speedup(lambda: F.linear(inputs, weight))

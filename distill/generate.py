@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 from decode.files import published
 from decode.models import cache_root
 from decode.pair import user_turn_template
-from decode.precision import FLOAT32, MIN_MULTIPLY_ADDS, Precision, choose_precision, cpu_bf16_speedup
+from decode.precision import FLOAT32, Precision, choose_precision, cpu_bf16_speedup, too_small_to_time
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
 from decode.speculative import SpeculativeDecoder
@@ -122,8 +122,7 @@ def answer_batch_size(runner: CausalLMRunner, precision: Precision, smallest: in
     A model too small to time (its steps take microseconds: decode/precision.py) keeps smallest."""
     if runner.device.type != "cpu" or largest <= smallest:
         return largest
-    width = runner.model.config.hidden_size
-    if smallest * width * 4 * width < MIN_MULTIPLY_ADDS:
+    if too_small_to_time(smallest, runner.model.config.hidden_size):
         return smallest
 
     def seconds_a_row(rows: int) -> float:
