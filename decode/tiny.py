@@ -34,8 +34,8 @@ def tiny_llama(vocab_size: int, num_layers: int = 2, hidden_size: int = 64, seed
     """A random Llama; a large init_std gives peaked, far-from-uniform distributions."""
     config = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
                          num_hidden_layers=num_layers, num_attention_heads=4, num_key_value_heads=2,
-                         max_position_embeddings=4096, tie_word_embeddings=True, initializer_range=init_std,
-                         bos_token_id=None, eos_token_id=None, pad_token_id=None, **config_overrides)
+                         max_position_embeddings=4096, initializer_range=init_std, bos_token_id=None,
+                         eos_token_id=None, pad_token_id=None, **{"tie_word_embeddings": True, **config_overrides})
     torch.manual_seed(seed)
     return LlamaForCausalLM(config).to(dtype).eval()
 

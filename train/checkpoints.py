@@ -102,7 +102,15 @@ class Checkpoints:
                                                              set_optimizer_state_dict)
 
         options = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(model, resumed.state["model"], options=options)
+        try:
+            set_model_state_dict(model, resumed.state["model"], options=options)
+        except RuntimeError as error:
+            if "size mismatch" not in str(error):
+                raise
+            mismatch = next(line.strip(" .") for line in str(error).splitlines() if "size mismatch" in line)
+            raise ConfigError(f"{resumed.path} holds a draft of other shapes than this run's ({mismatch}): it was "
+                              f"written with other settings or by an earlier version of specdraft; move "
+                              f"{self.directory} away to train from the start") from None
         set_optimizer_state_dict(model, torch_optimizer(optimizer), resumed.state["optimizer"], options=options)
         scheduler.load_state_dict(resumed.state["scheduler"])
         rng = resumed.path / f"rng-{self.accelerator.process_index}.pt"

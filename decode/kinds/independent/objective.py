@@ -1,5 +1,5 @@
 """What an independent draft learns: its next-token logits at every index, teacher forced on the target's
-answers. A pruned draft (config.draft_vocab) trains the rows of its kept tokens alone (KeptRowsHead)."""
+answers. A pruned draft (config.draft_vocab) trains the rows of its kept tokens alone (pruned_head.py)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import torch
 from torch import nn
 
 from decode.kinds.base import DraftStep, TrainingObjective
-from decode.kinds.independent.pruned_head import KeptRowsHead, base_causal_lm, restore_full_head
+from decode.kinds.independent.pruned_head import (base_causal_lm, prune_for_training, restore_full_head,
+                                                   resume_pruned_training)
 
 
 class NextTokenObjective(TrainingObjective):
@@ -25,7 +26,7 @@ class NextTokenObjective(TrainingObjective):
             self.kept_ids = torch.tensor(kept, device=device)
             self.kept_index = torch.full((vocab_size,), -1, dtype=torch.long, device=device)
             self.kept_index[self.kept_ids] = torch.arange(len(kept), device=device)
-            causal_lm.set_output_embeddings(KeptRowsHead(causal_lm.get_output_embeddings(), self.kept_ids.cpu()))
+            prune_for_training(causal_lm, self.kept_ids.cpu())
 
     def _logits(self, module: nn.Module, batch: dict, autocast: Callable) -> torch.Tensor:
         with autocast():
@@ -58,8 +59,8 @@ class NextTokenObjective(TrainingObjective):
         """With its full output head, as the decoder runs it (a pruned draft's runner projects onto
         config.draft_vocab itself)."""
         causal_lm = base_causal_lm(module)
-        head = restore_full_head(causal_lm)
+        head, embedding = restore_full_head(causal_lm)
         try:
             yield module
         finally:
-            causal_lm.set_output_embeddings(head)
+            resume_pruned_training(causal_lm, head, embedding)
