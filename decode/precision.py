@@ -109,11 +109,14 @@ def cpu_bf16_speedup(step: Callable[[], object], rows: int, features: int) -> fl
 
 
 def bf16_speedup(step: Callable[[], object], rounds: int = 3) -> float:
-    """float32 time / bf16-autocast time of `step` on the CPU: the smallest over `rounds`, after a warm-up of each.
+    """float32 time / bf16-autocast time of `step` on the CPU: the best time of each over `rounds` (the two back to
+    back in each round), after a warm-up of each.
 
-    Each round times the two back to back, so a change in the machine's load hits both alike, and
-    the smallest ratio keeps one lucky round from choosing bf16. A step shorter than
-    MIN_TIMED_SECONDS is repeated within each timing, so that timer noise stays small.
+    A busy machine only ever slows a timing down, so each precision's best round is the one nearest its own
+    speed. A ratio taken within each round is not: one round whose bf16 half met another process reads as
+    bf16 being slow (a 2-core VM's generate probe read 0.58x once where it reads 1.8x, and its answers took 1.25x
+    as long in float32). A step shorter than MIN_TIMED_SECONDS is repeated within each timing, so that timer
+    noise stays small.
     """
     def seconds_per_call(bf16: bool, calls: int) -> float:
         begin = time.perf_counter()
@@ -124,4 +127,5 @@ def bf16_speedup(step: Callable[[], object], rounds: int = 3) -> float:
 
     warm_up = min(seconds_per_call(False, 1), seconds_per_call(True, 1))
     calls = max(1, math.ceil(MIN_TIMED_SECONDS / max(warm_up, 1e-9)))
-    return min(seconds_per_call(False, calls) / seconds_per_call(True, calls) for _ in range(rounds))
+    rounds_timed = [(seconds_per_call(False, calls), seconds_per_call(True, calls)) for _ in range(rounds)]
+    return min(float32 for float32, _ in rounds_timed) / min(bf16 for _, bf16 in rounds_timed)

@@ -58,6 +58,18 @@ def test_the_speedup_is_the_best_float32_time_over_the_best_bf16_time(monkeypatc
     assert bf16_speedup(step) == 3.0
 
 
+def test_one_round_slowed_by_another_process_does_not_decide_the_speedup(monkeypatch):
+    clock = {"now": 0.0, "calls": 0}
+
+    def step():  # float32 3 s, bf16 1 s; warm-up, then rounds of (float32, bf16): the first round's bf16 takes 10 s
+        bf16 = torch.is_autocast_enabled("cpu")
+        clock["now"] += 10.0 if clock["calls"] == 3 else (1.0 if bf16 else 3.0)
+        clock["calls"] += 1
+
+    monkeypatch.setattr(precision_module.time, "perf_counter", lambda: clock["now"])
+    assert bf16_speedup(step) == 3.0
+
+
 def test_auto_keeps_float32_for_a_model_too_small_to_time():
     assert cpu_bf16_speedup(never_measured, 128, 64) is None
     assert choose_precision("auto", "cpu", lambda: None, "test") == Precision(None, "cpu")
