@@ -49,6 +49,9 @@ class GenerateResult(PlainRecord):
     autocast_speedup: Optional[float] = None
     # target-labelled tokens per CPU-minute of the answers made (distill/throughput.py), then the bound's
     label_rates: List[dict] = field(default_factory=list)
+    # existing code labelled by the target (domain.code_excerpts, distill/code_text.py): where, how many sequences
+    code_text_data: Optional[str] = None
+    code_text_sequences: int = 0
 
 
 @dataclass
@@ -62,6 +65,7 @@ class TrainResult(PlainRecord):
     autocast_speedup: Optional[float] = None
     answer_tokens: int = 0  # target-labelled answer tokens of the target's answers trained on (on-policy ones apart)
     prompt_tokens: int = 0  # target-labelled tokens of the prompts trained on (generate.label_prompts)
+    code_text_tokens: int = 0  # target-labelled tokens of existing code trained on (domain.code_excerpts)
     # sum(min(p, q)) on the validation answers, before and after (start: None on a resumed run)
     validation_acceptance_start: Optional[float] = None
     validation_acceptance_end: Optional[float] = None

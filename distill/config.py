@@ -31,6 +31,11 @@ class DomainConfig:
     # validation and held-out split, taken in turn so that any max_train_prompts holds as many of each; plus
     # magpie_prompts the target writes, which only ever train (distill/data.py mixed_prompts)
     mix: List[str] = field(default_factory=list)
+    # existing code labelled by the target in one teacher-forced forward, trained on beside its answers: this many
+    # functions from the installed packages' source (distill/code_text.py), each cut to code_excerpt_tokens
+    # tokens (0: none; +domain=code sets 500: BENCHMARKS.md)
+    code_excerpts: int = 0
+    code_excerpt_tokens: int = 160
 
 
 @dataclass

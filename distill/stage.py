@@ -20,6 +20,7 @@ from decode.models import model_fingerprint
 from decode.precision import FLOAT32, Precision
 from distill.config import DomainConfig, GenerateConfig
 from decode.results import GenerateResult
+from distill.code_text import labelled_code_text
 from distill.data import DomainPrompts, components_count
 from distill.generate import (BOUND_SEQUENCES, answer_batch_size, cache_key, dataset_directory, generate_dataset,
                               generation_precision, labelling_bound, labelling_precision, load_cached_dataset)
@@ -93,10 +94,30 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                 raise ConfigError(f"no generated answers for these settings ({directory}); "
                                   f"run the generate stage first, e.g. stages=[generate,train]")
             found[split], where[split] = dataset, str(directory)
+        code_text = {}
+        if domain.code_excerpts:
+            found["code_text"], code_text, rate = _code_text(ctx, domain, settings, fingerprint, labelling, create)
+            rates = rates + ([rate.summary()] if rate else [])
     return found, GenerateResult(train_data=where["train"], validation_data=where["validation"],
                                  train_answers=len(found["train"]), validation_answers=len(found["validation"]),
                                  autocast=precision.name if precision else None,
-                                 autocast_speedup=precision.speedup if precision else None, label_rates=rates)
+                                 autocast_speedup=precision.speedup if precision else None, label_rates=rates,
+                                 **code_text)
+
+
+def _code_text(ctx: RunContext, domain: DomainConfig, settings: GenerateConfig, fingerprint: str,
+               labelling: Precision | None, create: bool):
+    """-> (the labelled code excerpts, their record, what labelling them cost where this call did it)."""
+    dataset, directory, rate = labelled_code_text(
+        ctx.pair.target_runner, ctx.pair.tokenizer, domain.name, fingerprint, domain.code_excerpts,
+        domain.code_excerpt_tokens, ctx.seed, domain.system_prompt, settings.top_k_logprobs,
+        lambda runner: labelling or labelling_precision(runner, settings.autocast), create)
+    if dataset is None:
+        raise ConfigError(f"no labelled code excerpts for these settings ({directory}); run the generate stage "
+                          f"first, e.g. stages=[generate,train], or set domain.code_excerpts=0")
+    if create and rate is None:
+        log.info("reusing the labelled code excerpts from %s", directory)
+    return dataset, {"code_text_data": str(directory), "code_text_sequences": len(dataset)}, rate
 
 
 def _label_rates(ctx: RunContext, settings: GenerateConfig, answers: datasets.Dataset, seconds: float,

@@ -24,6 +24,7 @@ from decode.precision import SETTINGS as AUTOCAST_SETTINGS
 from decode.export.card import engine_line
 from decode.records import format_figure, format_interval
 from decode.export.stage import export_destination, run_export
+from distill.code_text import RATE_SOURCE as CODE_TEXT_RATE
 from distill.conversations import chat_prompt_ids
 from distill.data import DomainPrompts, load_domain_prompts, shipped_domains
 from distill.losses import LOSSES
@@ -72,6 +73,9 @@ def validate(config: TrainConfig) -> None:
     if method.on_policy_answers and method.max_steps is None and method.on_policy_from_epoch >= method.epochs:
         raise ConfigError(f"method.on_policy_from_epoch ({method.on_policy_from_epoch}) must be below method.epochs "
                           f"({method.epochs}) for method.on_policy_answers to be used (epochs count from 0)")
+    if config.domain.code_excerpts < 0 or config.domain.code_excerpt_tokens < 1:
+        raise ConfigError(f"domain.code_excerpts must be >= 0 (0: none) and domain.code_excerpt_tokens >= 1, got "
+                          f"{config.domain.code_excerpts} and {config.domain.code_excerpt_tokens}")
     if config.generate.answers_per_prompt < 1:
         raise ConfigError(f"generate.answers_per_prompt must be >= 1, got {config.generate.answers_per_prompt}")
     for key, setting in (("method.autocast", method.autocast), ("generate.autocast", config.generate.autocast)):
@@ -255,7 +259,9 @@ def format_summary(summary: dict, run_dir: Path) -> str:
 def _data_lines(trained: TrainResult, generated: dict) -> list[str]:
     """What the draft learned from: target-labelled tokens by source, and what they cost per CPU-minute where this
     run made them (distill/throughput.py)."""
-    rates = generated.get("label_rates") or []
+    all_rates = generated.get("label_rates") or []
+    rates = [rate for rate in all_rates if rate["source"] != CODE_TEXT_RATE]
+    code_rates = [rate for rate in all_rates if rate["source"] == CODE_TEXT_RATE]
     made = f" ({rates[0]['tokens_per_minute']:,} per CPU-minute; teacher-forced bound {rates[1]['tokens_per_minute']:,})" \
         if len(rates) >= 2 else ""
     if trained.prompt_tokens and rates and rates[0].get("prompt_tokens"):  # labelled by the answering forwards
@@ -270,6 +276,9 @@ def _data_lines(trained: TrainResult, generated: dict) -> list[str]:
         tokens = sum(rate["tokens"] for rate in trained.on_policy_labels)
         per_minute = 60 * tokens / max(sum(rate["seconds"] for rate in trained.on_policy_labels), 1e-9)
         line += f" and {tokens:,} of the draft's own answers labelled by the target ({per_minute:,.0f} per CPU-minute)"
+    if trained.code_text_tokens:
+        labelled = f" ({code_rates[0]['tokens_per_minute']:,} per CPU-minute)" if code_rates else ""
+        line += f" and {trained.code_text_tokens:,} of existing code, teacher-forced{labelled}"
     return [line]
 
 

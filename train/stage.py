@@ -27,6 +27,9 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
     answers, generated = target_answers(ctx, domain, generate, decode, prompts, create=False)
     train_examples = examples_from_records(answers["train"], method.max_length, generate.label_prompts)
     validation_examples = examples_from_records(answers["validation"], method.max_length)
+    code_text_examples = examples_from_records(answers["code_text"], method.max_length) \
+        if "code_text" in answers else []
+    train_examples = train_examples + code_text_examples
     kept = None
     if method.prune_vocab:
         kept = most_probable_tokens(target_mass(train_examples), method.prune_vocab, _always_kept_tokens(ctx),
@@ -45,11 +48,13 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
                                 decode.sampling(), on_policy)
     history = recipe.train()
     kind.save(recipe.trained_draft(), ctx, decode.gamma)
-    labelled_tokens = sum(len(example.target_top_ids) for example in train_examples)
+    code_text_tokens = sum(len(example.target_top_ids) for example in code_text_examples)
+    labelled_tokens = sum(len(example.target_top_ids) for example in train_examples) - code_text_tokens
     answer_tokens = answer_token_count(answers["train"], method.max_length)
     result = TrainResult(draft_path=str(ctx.draft_dir), draft_fingerprint=content_fingerprint(ctx.draft_dir),
                          examples=len(train_examples),
                          answer_tokens=answer_tokens, prompt_tokens=labelled_tokens - answer_tokens,
+                         code_text_tokens=code_text_tokens,
                          draft_vocab_size=draft_vocab_size, **inputs_record, **history)
     ctx.tracker.log_model(ctx.draft_dir, f"draft-{domain.name}-{method.name}",
                           {"domain": domain.name, "method": method.name, "train_steps": result.steps,
