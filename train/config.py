@@ -38,7 +38,7 @@ class MethodConfig:
     lr: float = 2.0e-3
     weight_decay: float = 0.0
     warmup_steps: int = 10
-    epochs: int = 4  # 800 steps on the 1,600 default answers (400 prompts, 4 answers each; BENCHMARKS.md)
+    epochs: int = 4  # 800 steps on the 1,600 default answers (400 prompts, 4 answers each; +domain=code: 3)
     max_steps: Optional[int] = None  # overrides epochs
     micro_batch_size: int = 8
     gradient_accumulation: int = 1

@@ -76,6 +76,10 @@ def validate(config: TrainConfig) -> None:
     if config.domain.code_excerpts < 0 or config.domain.code_excerpt_tokens < 1:
         raise ConfigError(f"domain.code_excerpts must be >= 0 (0: none) and domain.code_excerpt_tokens >= 1, got "
                           f"{config.domain.code_excerpts} and {config.domain.code_excerpt_tokens}")
+    if config.domain.code_excerpts and config.domain.code_root and \
+            not Path(config.domain.code_root).expanduser().is_dir():
+        raise ConfigError(f"domain.code_root {config.domain.code_root} is not a directory: point it at the code "
+                          f"whose .py files the draft should learn, or leave it unset (the site-packages)")
     if config.generate.answers_per_prompt < 1:
         raise ConfigError(f"generate.answers_per_prompt must be >= 1, got {config.generate.answers_per_prompt}")
     for key, setting in (("method.autocast", method.autocast), ("generate.autocast", config.generate.autocast)):
