@@ -144,7 +144,8 @@ def _readable(weights: Path) -> bool:
 
 
 def cache_root() -> Path:
-    return Path(os.environ.get("SPECDRAFT_CACHE", Path.home() / ".cache" / "specdraft"))
+    """$SPECDRAFT_CACHE, else ~/.cache/specdraft (an empty variable too: not the current directory)."""
+    return Path(os.environ.get("SPECDRAFT_CACHE") or Path.home() / ".cache" / "specdraft")
 
 
 def content_fingerprint(path: Path) -> str:
