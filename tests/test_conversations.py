@@ -210,7 +210,8 @@ def test_a_run_trains_on_a_conversation_file(tmp_path):
     run_dir = tmp_path / "run"
     result = subprocess.run(
         [sys.executable, "-m", "train", "+debug=tiny", "+domain=code", "domain.source=conversations",
-         f"domain.path={path}", "stages=[generate,train]", f"run_dir={run_dir}", f"hydra.run.dir={tmp_path}/hydra"],
+         f"domain.path={path}", "domain.code_excerpts=0", "stages=[generate,train]", f"run_dir={run_dir}",
+         f"hydra.run.dir={tmp_path}/hydra"],
         cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled", "SPECDRAFT_CACHE": str(tmp_path / "cache")},
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]

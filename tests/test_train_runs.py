@@ -166,9 +166,10 @@ def test_two_accelerate_processes_share_generation_and_training(tmp_path, cache)
 def test_on_policy_answers_and_more_answers_per_prompt_feed_training(tmp_path, cache):
     run_dir = tmp_path / "run"
     # 8 prompts answered twice by the target; 4 sequences a step: epoch 0 is steps 0-3, and step 4 starts epoch 1,
-    # for which the draft answers every prompt once and the target labels the answers
+    # for which the draft answers every prompt once and the target labels the answers (no code excerpts: the
+    # target's answers and the draft's own alone)
     result = run(train_command("generate.answers_per_prompt=2", "method.on_policy_answers=1", "method.max_steps=5",
-                               "stages=[generate,train]", f"run_dir={run_dir}"), cache)
+                               "domain.code_excerpts=0", "stages=[generate,train]", f"run_dir={run_dir}"), cache)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["generate"]["train_answers"] == 16 and summary["train"]["examples"] == 16
     assert summary["train"]["on_policy_samples"] == 8 and summary["train"]["on_policy_seconds"] > 0
