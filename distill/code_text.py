@@ -8,8 +8,7 @@ learns how the target reads and continues code, beside its answers (BENCHMARKS.m
 
 The excerpts: a function or method from a .py file under domain.code_root, by default the environment's
 site-packages (`sysconfig` purelib: torch, transformers and the rest of what is installed), up to EXCERPT_LINES
-lines and max_tokens tokens, one a file,
-files and functions drawn by a seeded RNG from the sorted list. Test files are left out, and so are the packages
+lines and max_tokens tokens, one a file, files and functions drawn by a seeded RNG from the sorted list. Test files are left out, and so are the packages
 of public benchmarks (BENCHMARK_PACKAGES), which are how outsiders judge drafts.
 """
 
@@ -30,7 +29,6 @@ from decode.errors import ConfigError
 from decode.files import published
 from decode.pair import encode_chat
 from decode.precision import Precision
-from decode.runner import CausalLMRunner
 from distill.generate import dataset_directory, load_cached_dataset, top_k_labels
 from distill.throughput import LabelRate
 
