@@ -106,6 +106,7 @@ def test_running_without_a_domain_names_the_domains(compose_train, tmp_path):
     (["method.lr=-1"], "method.lr must be > 0"),
     (["method.prune_vocab=-1"], "method.prune_vocab must be >= 0"),
     (["method.max_steps=-5"], "method.max_steps must be >= 1"),
+    (["method.epochs=0"], "method.epochs must be > 0"),
 ])
 def test_impossible_settings_are_refused_before_work(compose_train, bad, message):
     with pytest.raises(ConfigError, match=message):
@@ -264,6 +265,13 @@ def fixed_batch_loss(recipe, examples):
     batch = recipe._to_device(collate(examples, 0))
     with torch.no_grad():
         return (masked_sum(recipe.per_token_loss(batch), batch["loss_mask"]) / batch["loss_mask"].sum()).item()
+
+
+def test_a_fraction_of_an_epoch_trains_that_share_of_its_steps(tiny_pair, tiny_examples, tmp_path):
+    steps = {epochs: make_recipe(tiny_pair, tiny_examples, tmp_path, epochs=epochs, max_steps=None).total_steps
+             for epochs in (1, 2, 2.4, 0.5, 1.25)}
+    # 6 answers, 4 a step: 2 steps an epoch; a share of a step is a step
+    assert len(tiny_examples) == 6 and steps == {1: 2, 2: 4, 2.4: 5, 0.5: 1, 1.25: 3}
 
 
 @pytest.mark.parametrize("method", ["distill", "lora"])

@@ -52,10 +52,11 @@ def validate(config: TrainConfig) -> None:
     if unknown or not config.stages:
         raise ConfigError(f"stages must be a non-empty list from {list(STAGES)}, got {list(config.stages)}")
     method = config.method
-    for key in ("micro_batch_size", "gradient_accumulation", "epochs", "checkpoint_every", "eval_every",
-                "keep_checkpoints"):
+    for key in ("micro_batch_size", "gradient_accumulation", "checkpoint_every", "eval_every", "keep_checkpoints"):
         if getattr(method, key) < 1:
             raise ConfigError(f"method.{key} must be >= 1, got {getattr(method, key)}")
+    if method.epochs <= 0:
+        raise ConfigError(f"method.epochs must be > 0 (a fraction trains that share of an epoch), got {method.epochs}")
     if method.max_steps is not None and method.max_steps < 1:
         raise ConfigError(f"method.max_steps must be >= 1 (null: method.epochs decides), got {method.max_steps}")
     if method.lr <= 0:

@@ -122,7 +122,7 @@ class DistillationRecipe:
         self.on_policy_refresh = -1  # the epoch the pool was sampled for
         self.on_policy_rates: list[LabelRate] = []  # of the refreshes this process ran
         self.on_policy_samples_per_refresh: list[int] = []
-        self.total_steps = settings.max_steps or self._epoch_start(settings.epochs)
+        self.total_steps = settings.max_steps or self._steps_of_epochs(settings.epochs)
         self._order_of_epoch: tuple[int, list[int]] = (-1, [])
         # sharded, the trained weights are gathered into an unsharded copy of the draft to be saved
         self.unsharded = meta_copy(draft) if self.sharded else None
@@ -283,6 +283,11 @@ class DistillationRecipe:
 
     def _epoch_start(self, epoch: int) -> int:
         return sum(self._epoch_steps(e) for e in range(epoch))
+
+    def _steps_of_epochs(self, epochs: float) -> int:
+        """The steps of `epochs` epochs; a fraction of an epoch is that share of its steps."""
+        whole = math.floor(epochs)
+        return self._epoch_start(whole) + math.ceil((epochs - whole) * self._epoch_steps(whole))
 
     def _epoch_of(self, step: int) -> int:
         epoch, start = 0, 0
