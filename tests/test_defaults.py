@@ -85,7 +85,7 @@ def test_a_domain_file_names_its_domain_and_nothing_else():
         elif path.stem == "summarization":
             assert settings == {"domain": {"name": "summarization"}, "decode": {"copy_ngram": 2}}
         elif path.stem == "code":
-            assert settings == {"domain": {"name": "code", "code_excerpts": 1000}, "method": {"epochs": 2.4}}
+            assert settings == {"domain": {"name": "code", "code_excerpts": 500}, "method": {"epochs": 3}}
         else:
             assert settings == {"name": path.stem}
 

@@ -48,7 +48,7 @@ def test_a_full_lora_run_reports_alpha_before_and_after_and_prints_its_directory
     assert set(summary) >= {"domain", "method", "generate", "train", "eval", "export", "stage_seconds"}
     assert summary["domain"] == "code" and summary["method"] == "lora"
     # the code domain trains on existing code labelled by the target beside its answers
-    assert summary["generate"]["code_text_sequences"] == 1000 and summary["train"]["code_text_tokens"] > 0
+    assert summary["generate"]["code_text_sequences"] == 500 and summary["train"]["code_text_tokens"] > 0
     assert "of existing code, teacher-forced" in result.stdout
     assert set(summary["stage_seconds"]) == {"generate", "train", "eval", "export"}
     evaluated = summary["eval"]

@@ -38,8 +38,8 @@ class MethodConfig:
     lr: float = 2.0e-3
     weight_decay: float = 0.0
     warmup_steps: int = 10
-    # 800 steps on the 1,600 default answers (400 prompts, 4 answers each); a fraction of an epoch is that share of
-    # its steps (+domain=code: 2.4 over the answers and the code excerpts)
+    # 800 steps on the 1,600 default answers (400 prompts, 4 answers each; +domain=code: 3); a fraction (2.5) trains
+    # that share of the last epoch's steps
     epochs: float = 4
     max_steps: Optional[int] = None  # overrides epochs
     micro_batch_size: int = 8
