@@ -6,18 +6,24 @@ For the run's draft, restricted to its kept tokens as the decoder runs it, the m
 sum min(p, q) under the run's decode sampling (the training-time validation figure) on: the first --sequences of
 the answers it trained on, each --answers dataset (for example another generate run's answers to the same
 training prompts: `python -m train +domain=code 'stages=[generate]' generate.answers_per_prompt=6` writes new ones
-beside the cached four), and the validation answers (prompts of templates it never saw). Then the target's
-probability under that sampling on tokens outside the draft's kept vocabulary: mass no draft step can accept.
+beside the cached four), and the validation answers (prompts of templates it never saw). Then, for its own answers
+and validation, the same figure split by the target's next token: a copy of the context (the two tokens before it
+occurred earlier, followed by it) or not, the target sure of it or not; how often the draft repeats a random
+sequence it has just read (an induction head's work); and the target's probability under the sampling on tokens
+outside the draft's kept vocabulary: mass no draft step can accept.
 
 A draft far better on its own prompts' answers than on validation is bound by its distinct prompts, not by
-its tokens or its loss (BENCHMARKS.md). A run of the train stage alone names its answers with --train-data and
---validation-data (its summary has no generate record).
+its tokens or its loss; one that accepts the target's sure copies of the context far less than its sure other
+tokens, and repeats no random sequence, cannot copy: more of the same data does not teach it (BENCHMARKS.md).
+A run of the train stage alone names its answers with --train-data and --validation-data (its summary has no
+generate record).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 from pathlib import Path
 
 import torch
@@ -28,31 +34,87 @@ from transformers import AutoModelForCausalLM
 from decode.examples import Example, collate
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.data import examples_from_records
-from distill.losses import masked_sum
 from train.config import MethodConfig
 from train.recipe import acceptance_chance
 
 
 @torch.no_grad()
-def draft_acceptance(draft, examples: list[Example], sampling: SamplingParams, kept_ids: torch.Tensor | None,
-                     batch_size: int = 8) -> float:
-    """Mean over the examples' labelled tokens of sum min(p, q): q the draft's distribution over kept_ids alone
-    (every id where None), p the target's recorded top-k, both under `sampling`: the training validation's
-    figure, through the same kept-columns path of acceptance_chance."""
+def position_acceptance(draft, examples: list[Example], sampling: SamplingParams, kept_ids: torch.Tensor | None,
+                        batch_size: int = 8) -> list[list[float]]:
+    """sum min(p, q) at each labelled token of each example: q the draft's distribution over kept_ids alone (every
+    id where None), p the target's recorded top-k, both under `sampling`: the training validation's figure,
+    through the same kept-columns path of acceptance_chance."""
     kept_index = None
     if kept_ids is not None:
         kept_index = torch.full((draft.config.vocab_size,), -1, dtype=torch.long)
         kept_index[kept_ids] = torch.arange(len(kept_ids))
-    accepted, positions = 0.0, 0
+    per_example = []
     for at in range(0, len(examples), batch_size):
-        batch = collate(examples[at: at + batch_size], pad_token_id=0)
+        chunk = examples[at: at + batch_size]
+        batch = collate(chunk, pad_token_id=0)
         logits = draft(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], use_cache=False).logits
         if kept_ids is not None:
             logits = logits[..., kept_ids]
         per_position = acceptance_chance(logits, batch["target_logprobs"], batch["target_ids"], sampling, kept_index)
-        accepted += masked_sum(per_position, batch["loss_mask"]).item()
-        positions += int(batch["loss_mask"].sum())
-    return accepted / max(positions, 1)
+        for row, example in enumerate(chunk):
+            per_example.append(per_position[row][batch["loss_mask"][row].bool()].tolist())
+    return per_example
+
+
+def draft_acceptance(draft, examples: list[Example], sampling: SamplingParams, kept_ids: torch.Tensor | None,
+                     batch_size: int = 8) -> float:
+    """The mean over the examples' labelled tokens of position_acceptance."""
+    accepted = [value for values in position_acceptance(draft, examples, sampling, kept_ids, batch_size)
+                for value in values]
+    return sum(accepted) / max(len(accepted), 1)
+
+
+def context_copies(example: Example) -> list[bool]:
+    """At each labelled token: whether the target's most likely next token continues a bigram of the context (the
+    two tokens before it occurred earlier, followed by that token), what an induction head or an n-gram lookup
+    predicts."""
+    ids = example.input_ids
+    followers: dict[tuple[int, int], set[int]] = {}
+    copies = []
+    for position in range(len(ids) - 1):  # the logits at `position` predict the token after it
+        if position >= 2:
+            followers.setdefault((ids[position - 2], ids[position - 1]), set()).add(ids[position])
+        labelled = position - (example.labels_from - 1)
+        if labelled >= 0:
+            seen_after = followers.get((ids[position - 1], ids[position]), ()) if position >= 1 else ()
+            copies.append(example.target_top_ids[labelled][0] in seen_after)
+    return copies
+
+
+SURE = 0.9  # the target's top probability (temperature 1) above which it counts as sure of its next token
+
+
+def acceptance_by_kind(examples: list[Example], accepted: list[list[float]]) -> dict[str, tuple[float, float]]:
+    """{kind: (share of the labelled tokens, mean sum min(p, q) there)}, the tokens split by whether the target's
+    most likely next token copies the context (context_copies) and whether the target is sure of it (SURE)."""
+    totals: dict[str, list[float]] = {}
+    for example, values in zip(examples, accepted):
+        for copied, top_logprobs, value in zip(context_copies(example), example.target_top_logprobs, values):
+            sure = math.exp(top_logprobs[0]) > SURE
+            kind = ("a copy of the context" if copied else "not a copy") + \
+                   (f", the target sure (top > {SURE})" if sure else ", the target less sure")
+            count_and_sum = totals.setdefault(kind, [0, 0.0])
+            count_and_sum[0] += 1
+            count_and_sum[1] += value
+    tokens = sum(count for count, _ in totals.values())
+    return {kind: (count / tokens, total / count) for kind, (count, total) in sorted(totals.items())}
+
+
+@torch.no_grad()
+def repeat_accuracy(model, token_ids: torch.Tensor, length: int = 50, rows: int = 16, seed: int = 0) -> float:
+    """How often the model's most likely next token (among token_ids) repeats a random sequence of `length` of
+    token_ids it has just read: near 1 for a model with induction heads (the default target: 0.82), near 0 for one
+    that can only guess continuations it knows."""
+    generator = torch.Generator().manual_seed(seed)
+    sequence = token_ids[torch.randint(len(token_ids), (rows, length), generator=generator)]
+    repeated = torch.cat([sequence, sequence], dim=1)
+    logits = model(input_ids=repeated, use_cache=False).logits[:, length:-1][..., token_ids]
+    return (token_ids[logits.argmax(-1)] == repeated[:, length + 1:]).float().mean().item()
 
 
 def mass_outside(examples: list[Example], kept_ids: torch.Tensor, vocab_size: int,
@@ -92,7 +154,10 @@ def main() -> None:
     if not train_data or not validation_data:
         parser.error(f"{args.run_dir}/summary.json names no answers (a train-only run): pass --train-data and "
                      f"--validation-data (generate cache directories)")
-    draft = AutoModelForCausalLM.from_pretrained(summary["train"]["draft_path"], dtype=torch.float32).eval()
+    draft_path = Path(summary["train"]["draft_path"])
+    if not draft_path.is_dir():  # recorded relative to where the run started
+        draft_path = args.run_dir / "draft"
+    draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=torch.float32).eval()
     kept = getattr(draft.config, "draft_vocab", None)
     kept_ids = torch.tensor(kept) if kept else None
     max_length = config.get("method", {}).get("max_length", MethodConfig().max_length)
@@ -108,10 +173,19 @@ def main() -> None:
             parser.error(f"--answers takes NAME=DIR, got {named!r}")
         sets[name] = examples(directory, args.sequences)
     sets["validation (unseen prompts and templates)"] = examples(validation_data)
-    print(f"draft {summary['train']['draft_path']}, sampling {sampling}")
+    print(f"draft {draft_path}, sampling {sampling}")
+    accepted = {}
     for name, chosen in sets.items():
-        print(f"{name}: sum min(p, q) {draft_acceptance(draft, chosen, sampling, kept_ids):.3f} "
-              f"over {len(chosen)} answers")
+        accepted[name] = position_acceptance(draft, chosen, sampling, kept_ids)
+        flat = [value for values in accepted[name] for value in values]
+        print(f"{name}: sum min(p, q) {sum(flat) / max(len(flat), 1):.3f} over {len(chosen)} answers")
+    for name in ("the answers it trained on", "validation (unseen prompts and templates)"):
+        print(f"{name}, by the target's next token: share of the tokens, sum min(p, q)")
+        for kind, (share, acceptance) in acceptance_by_kind(sets[name], accepted[name]).items():
+            print(f"  {kind}: {share:.3f}, {acceptance:.3f}")
+    copy_ids = kept_ids if kept_ids is not None else torch.arange(draft.config.vocab_size)
+    print(f"the draft repeating a random sequence of 50 tokens it has just read, its most likely token right: "
+          f"{repeat_accuracy(draft, copy_ids):.2f} of the time")
     if kept_ids is not None:
         for name in ("the answers it trained on", "validation (unseen prompts and templates)"):
             share = mass_outside(sets[name], kept_ids, draft.config.vocab_size, sampling)

@@ -1,5 +1,8 @@
-"""scripts/generalization_gap.py: a draft's sum min(p, q) on recorded answers, restricted to its kept tokens, and
-the target's probability outside them."""
+"""scripts/generalization_gap.py: a draft's sum min(p, q) on recorded answers, restricted to its kept tokens, split
+by whether the target's next token copies the context; the target's probability outside the kept tokens; how well
+a model repeats a sequence it has read."""
+
+import math
 
 import pytest
 import torch
@@ -7,7 +10,10 @@ import torch
 from decode.examples import Example
 from decode.sampling import SamplingParams
 from decode.tiny import tiny_llama
-from scripts.generalization_gap import draft_acceptance, mass_outside
+from types import SimpleNamespace
+
+from scripts.generalization_gap import (acceptance_by_kind, context_copies, draft_acceptance, mass_outside,
+                                        repeat_accuracy)
 
 VOCAB = 32
 
@@ -49,3 +55,52 @@ def test_mass_outside_counts_the_recorded_probability_of_the_dropped_tokens():
     # 0.3 / 0.9): the dropped tokens hold 0.375 and 0.667
     assert mass_outside([example], kept_ids, 8, SamplingParams(temperature=1.0, top_p=0.75)) == pytest.approx(
         (0.3 / 0.8 + 0.6 / 0.9) / 2)
+
+
+def labelled(input_ids, labels_from, top1, top_probs):
+    """An example whose recorded target distribution at each labelled token is top1 (at top_probs) and one other."""
+    return Example(input_ids, labels_from, [[token, 0] for token in top1],
+                   [[math.log(p), math.log(1 - p)] for p in top_probs])
+
+
+def test_a_copy_is_a_next_token_that_followed_the_same_two_tokens_earlier():
+    # the logits at positions 1..4 predict tokens 2..5; only at position 4 did the bigram (5, 6) occur before
+    example = labelled([5, 6, 7, 5, 6, 7], 2, [7, 5, 6, 7], [0.5] * 4)
+    assert context_copies(example) == [False, False, False, True]
+    # the same context, but the target expects another token than the one that followed
+    assert context_copies(labelled([5, 6, 7, 5, 6, 7], 2, [7, 5, 6, 9], [0.5] * 4)) == [False] * 4
+    # labelled from the first position on: one flag a labelled token
+    assert context_copies(labelled([5, 6, 5, 6], 1, [6, 5, 6], [0.5] * 3)) == [False, False, False]
+    assert context_copies(labelled([5, 6, 5, 6, 5], 1, [6, 5, 6, 5], [0.5] * 4)) == [False, False, False, True]
+
+
+def test_acceptance_by_kind_splits_the_tokens_by_copy_and_by_how_sure_the_target_is():
+    example = labelled([5, 6, 7, 5, 6, 7], 2, [7, 5, 6, 7], [0.95, 0.5, 0.5, 0.99])
+    kinds = acceptance_by_kind([example, example], [[0.8, 0.2, 0.4, 1.0], [0.6, 0.4, 0.2, 0.5]])
+    assert kinds == {
+        "a copy of the context, the target sure (top > 0.9)": (pytest.approx(0.25), pytest.approx(0.75)),
+        "not a copy, the target less sure": (pytest.approx(0.5), pytest.approx(0.3)),
+        "not a copy, the target sure (top > 0.9)": (pytest.approx(0.25), pytest.approx(0.7)),
+    }
+
+
+class Repeater(torch.nn.Module):
+    """A model whose most likely next token is the one that followed the current token's last earlier occurrence
+    (what an induction head predicts), else token 0."""
+
+    def forward(self, input_ids, use_cache=False):
+        rows, length = input_ids.shape
+        logits = torch.zeros(rows, length, VOCAB)
+        for row in range(rows):
+            ids = input_ids[row].tolist()
+            for position, token in enumerate(ids):
+                earlier = [at for at in range(position) if ids[at] == token]
+                logits[row, position, ids[earlier[-1] + 1] if earlier else 0] = 1.0
+        return SimpleNamespace(logits=logits)
+
+
+def test_repeat_accuracy_is_one_for_a_model_that_copies_and_near_zero_for_one_that_does_not():
+    token_ids = torch.arange(1, VOCAB)  # token 0, the Repeater's fallback, never repeats
+    # short rows, so that a token seldom occurs twice in one (the Repeater would then follow its later occurrence)
+    assert repeat_accuracy(Repeater(), token_ids, length=2, rows=64) > 0.95
+    assert repeat_accuracy(tiny_llama(VOCAB, init_std=0.3), token_ids, length=8, rows=8) < 0.5
