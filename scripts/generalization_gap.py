@@ -64,9 +64,13 @@ def position_acceptance(draft, examples: list[Example], sampling: SamplingParams
 def draft_acceptance(draft, examples: list[Example], sampling: SamplingParams, kept_ids: torch.Tensor | None,
                      batch_size: int = 8) -> float:
     """The mean over the examples' labelled tokens of position_acceptance."""
-    accepted = [value for values in position_acceptance(draft, examples, sampling, kept_ids, batch_size)
-                for value in values]
-    return sum(accepted) / max(len(accepted), 1)
+    return mean_acceptance(position_acceptance(draft, examples, sampling, kept_ids, batch_size))
+
+
+def mean_acceptance(accepted: list[list[float]]) -> float:
+    """The mean over every labelled token of position_acceptance's figures."""
+    flat = [value for values in accepted for value in values]
+    return sum(flat) / max(len(flat), 1)
 
 
 def context_copies(example: Example) -> list[bool]:
@@ -177,8 +181,7 @@ def main() -> None:
     accepted = {}
     for name, chosen in sets.items():
         accepted[name] = position_acceptance(draft, chosen, sampling, kept_ids)
-        flat = [value for values in accepted[name] for value in values]
-        print(f"{name}: sum min(p, q) {sum(flat) / max(len(flat), 1):.3f} over {len(chosen)} answers")
+        print(f"{name}: sum min(p, q) {mean_acceptance(accepted[name]):.3f} over {len(chosen)} answers")
     for name in ("the answers it trained on", "validation (unseen prompts and templates)"):
         print(f"{name}, by the target's next token: share of the tokens, sum min(p, q)")
         for kind, (share, acceptance) in acceptance_by_kind(sets[name], accepted[name]).items():

@@ -3,6 +3,7 @@ by whether the target's next token copies the context; the target's probability 
 a model repeats a sequence it has read."""
 
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -10,8 +11,6 @@ import torch
 from decode.examples import Example
 from decode.sampling import SamplingParams
 from decode.tiny import tiny_llama
-from types import SimpleNamespace
-
 from scripts.generalization_gap import (acceptance_by_kind, context_copies, draft_acceptance, mass_outside,
                                         repeat_accuracy)
 
