@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import re
 import sys
 import typing
 from contextlib import contextmanager
@@ -22,11 +23,15 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from decode.errors import ConfigError, SpecdraftError
+from decode.errors import ConfigError, SpecdraftError, StorageError
+from decode.redact import redact_text
+from decode.storage import storage_problem
 
 CONFIG_PATH = "pkg://conf"
 # the lines of Hydra's and OmegaConf's messages about their own workings, left out of a user's error
 HYDRA_DETAILS = ("Config search path", "provider=", "reference_type=", "object_type=")
+GROUP_OPTION_FAILED = re.compile(r"In '(?P<group>[\w-]+)/(?P<option>[\w.-]+)': (?P<reason>.*)")
+KEY_NOT_IN = re.compile(r"Key '(?P<key>[^']+)' not in '[^']+'")
 
 
 _HELP: dict[str, str] = {}
@@ -42,13 +47,20 @@ def register_help(name: str, doc: str) -> None:
 
 @contextmanager
 def exit_on_user_error() -> Iterator[None]:
-    """A user's error raised in the block as one line on stderr (`error: ...`), and an exit with the code of its
-    kind; any other exception keeps its traceback."""
+    """A user's error raised in the block as one line on stderr (`error: ...`, its secrets redacted), and an exit
+    with the code of its kind; so is a write its storage refused (a full disk, a read-only directory:
+    decode/storage.py) where no writer said so itself. Any other exception keeps its traceback."""
     try:
         yield
     except SpecdraftError as error:
-        print(f"error: {error}", file=sys.stderr)
+        print(f"error: {redact_text(str(error))}", file=sys.stderr)
         sys.exit(error.exit_code)
+    except Exception as error:
+        problem = storage_problem(error)
+        if problem is None:
+            raise
+        print(f"error: {redact_text(problem)}", file=sys.stderr)
+        sys.exit(StorageError.exit_code)
 
 
 def check_command_line(config_name: str, schema: type, arguments: list[str]) -> None:
@@ -66,7 +78,24 @@ def check_command_line(config_name: str, schema: type, arguments: list[str]) -> 
         cause = error.__cause__
         text = f"{error}: {cause}" if cause is not None and str(cause) not in str(error) else str(error)
         lines = [line.strip() for line in text.splitlines()]
-        raise ConfigError(" ".join(line for line in lines if line and not line.startswith(HYDRA_DETAILS))) from None
+        message = " ".join(line for line in lines if line and not line.startswith(HYDRA_DETAILS))
+        raise ConfigError(misfit_option(message, arguments, schema) or message) from None
+
+
+def misfit_option(message: str, arguments: list[str], schema: type) -> str | None:
+    """Hydra's `message` about a group option on the command line whose file sets keys this command does not have
+    (the options of debug, budget, domain and method are made for python -m train), said as such; else None."""
+    found = GROUP_OPTION_FAILED.match(message)
+    given = found and next((argument for argument in arguments
+                            if argument.lstrip("+~").split("=", 1) == [found["group"], found["option"]]), None)
+    if not given:
+        return None
+    missing = KEY_NOT_IN.search(found["reason"])
+    reason = f"it sets {missing['key']}, which this command does not have" if missing else found["reason"]
+    has_pair = any(field.name == "pair" for field in dataclasses.fields(schema))
+    tiny = "; the tiny random pair is pair=tiny" if found["group"] == "debug" and has_pair else ""
+    return f"{given} does not apply to this command ({reason}): the {found['group']} options are made for " \
+           f"python -m train{tiny}"
 
 
 def check_key(schema: type, key: str) -> None:

@@ -40,3 +40,8 @@ class ExportMismatch(SpecdraftError, RuntimeError):
     """
 
     exit_code = 4
+
+
+class StorageError(SpecdraftError, OSError):
+    """A file could not be written: its filesystem is full, read-only or not this user's to write. The message
+    names the path; what was written before is kept."""

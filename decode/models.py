@@ -25,8 +25,8 @@ import torch
 from safetensors import SafetensorError, safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from decode.cache_entries import CacheEntry
 from decode.errors import PairError
-from decode.files import published
 from decode.hf_runner import HFRunner
 from decode.native import NativeLlamaRunner, native_unsupported_reason
 from decode.runner import CausalLMRunner
@@ -148,22 +148,47 @@ def cache_root() -> Path:
     return Path(os.environ.get("SPECDRAFT_CACHE") or Path.home() / ".cache" / "specdraft")
 
 
+WHOLE_FILE_BYTES = 64 << 20  # up to this size a file is hashed whole: configs, tokenizers, templates, small weights
+SAMPLE_BYTES = 1 << 20  # of a larger file (weights), the first and the last this many bytes
+
+
 def content_fingerprint(path: Path) -> str:
-    """Identity of a model file or directory that does not depend on where it lies (two venvs, two
-    clones): each file's name and size with its first and last MiB."""
-    files = [path] if path.is_file() else sorted(
-        p for p in path.iterdir() if p.is_file() and p.suffix in (".json", ".safetensors", ".bin", ".gguf", ".model"))
+    """Identity of a model file or directory that does not depend on where it lies (two venvs, two clones): every
+    file of it that can shape the model's answers (fingerprinted_files), by its path inside the directory and its
+    size, with its whole content up to WHOLE_FILE_BYTES, else its first and last MiB (weights: a safetensors
+    file's first MiB is its header, each tensor's name, dtype, shape and offset)."""
     digest = hashlib.sha256()
-    mib = 1 << 20
-    for file in files:
+    for name, file in fingerprinted_files(path):
         size = file.stat().st_size
-        digest.update(f"{file.name}|{size}".encode())
+        digest.update(f"{name}|{size}".encode())
         with file.open("rb") as handle:
-            digest.update(handle.read(mib))
-            if size > 2 * mib:
-                handle.seek(-mib, os.SEEK_END)
+            if size <= WHOLE_FILE_BYTES:
+                for block in iter(lambda: handle.read(SAMPLE_BYTES), b""):
+                    digest.update(block)
+            else:
+                digest.update(handle.read(SAMPLE_BYTES))
+                handle.seek(-SAMPLE_BYTES, os.SEEK_END)
                 digest.update(handle.read())
     return digest.hexdigest()[:16]
+
+
+def fingerprinted_files(path: Path) -> list[tuple[str, Path]]:
+    """-> (path inside the model directory, file), sorted: every file under it, in subdirectories too (transformers
+    reads additional_chat_templates/), templates and tokenizer files (merges.txt, vocab.txt, ...) included. Left
+    out: hidden entries (.git, .gitattributes, the hub's .cache/ download records, staging copies), __pycache__
+    and Markdown (README.md, the model card): nothing loading a model reads them, and they change without it.
+    A file: itself."""
+    if path.is_file():
+        return [(path.name, path)]
+    found = []
+    for entry in path.iterdir():
+        if entry.name.startswith(".") or entry.name == "__pycache__" or entry.suffix.lower() == ".md":
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            found += [(f"{entry.name}/{name}", file) for name, file in fingerprinted_files(entry)]
+        elif entry.is_file():
+            found.append((entry.name, entry))
+    return sorted(found)
 
 
 def _gguf_as_safetensors(directory: str, gguf_file: str) -> Path:
@@ -175,34 +200,34 @@ def _gguf_as_safetensors(directory: str, gguf_file: str) -> Path:
     source = Path(directory, gguf_file)
     if not source.is_file():
         raise PairError(f"GGUF file not found: {source}")
-    converted = cache_root() / "gguf" / f"{source.stem}-{content_fingerprint(source)}"
-    if (converted / "config.json").is_file():
-        return converted
+    converted = CacheEntry(cache_root() / "gguf" / f"{source.stem}-{content_fingerprint(source)}")
+    if converted.usable():
+        return converted.path
     if importlib.util.find_spec("gguf") is None:
         raise PairError("loading a .gguf file needs the `gguf` package: pip install gguf")
-    log.info("converting %s to safetensors (once) under %s", source, converted)
+    log.info("converting %s to safetensors (once) under %s", source, converted.path)
     tokenizer = AutoTokenizer.from_pretrained(directory, gguf_file=gguf_file)
     model = AutoModelForCausalLM.from_pretrained(directory, gguf_file=gguf_file)
     # the de-quantized weights are plain tensors now; the GGUF quantizer would refuse to save them
     del model.config.quantization_config
     model.hf_quantizer = None
-    with published(converted, directory=True) as staging:
+    with converted.writing() as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-    return converted
+    return converted.path
 
 
 TINY_RANDOM = "tiny-random"
 
 
 def _tiny_random_dir() -> Path:
-    directory = cache_root() / "tiny-random-v1"
-    if not (directory / "config.json").is_file():
+    entry = CacheEntry(cache_root() / "tiny-random-v1")
+    if not entry.usable():
         from decode.tiny import save_tiny_target
 
-        with published(directory, directory=True) as staging:
+        with entry.writing() as staging:
             save_tiny_target(staging)
-    return directory
+    return entry.path
 
 
 def gguf_path(spec: ModelSpec) -> Path | None:
@@ -213,14 +238,27 @@ def gguf_path(spec: ModelSpec) -> Path | None:
 
 
 def model_fingerprint(spec: ModelSpec) -> str:
-    """What identifies a model's weights: the content of a local file or directory, or hub id@revision."""
+    """What identifies a model: the content of a local file or directory, or hub id@commit (the commit its
+    revision names in the local hub cache; hub id@revision where the cache does not hold it)."""
     if spec.path == TINY_RANDOM:
         return "tiny-random-v1"
     directory, gguf_file = locate(spec)
     path = Path(directory, gguf_file) if gguf_file else Path(directory)
     if path.exists():
         return content_fingerprint(path)
-    return f"{spec.path}@{spec.revision or 'main'}"
+    return f"{spec.path}@{_hub_commit(spec.path, gguf_file or 'config.json', spec.revision)}"
+
+
+def _hub_commit(repo_id: str, file: str, revision: str | None) -> str:
+    """The commit `revision` of the hub repository names in the local hub cache (the snapshot its files are read
+    from), looked up without the network; the revision itself where the cache holds none."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        cached = try_to_load_from_cache(repo_id, file, revision=revision)
+    except ValueError:  # a name the hub would refuse: nothing of it is cached
+        cached = None
+    return Path(cached).parents[len(Path(file).parts) - 1].name if isinstance(cached, str) else revision or "main"
 
 
 def model_source(spec: ModelSpec) -> tuple[str, dict]:

@@ -11,12 +11,13 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
-import re
-from collections.abc import Mapping
+import sys
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import List, Optional
+from typing import Iterator, List, Optional
 
 from decode.errors import ConfigError
+from decode.redact import redact_argument, scrub_secrets
 
 log = logging.getLogger(__name__)
 
@@ -29,30 +30,7 @@ class LoggerConfig:
     tags: List[str] = field(default_factory=list)
     log_model: bool = True
 
-_SECRET_MARKERS = ("key", "token", "secret", "password", "auth")
-# Token counts and tokenizer names are hyperparameters, not credentials: max_new_tokens must stay visible.
-_NOT_SECRET_WORDS = re.compile(r"tokeni[sz][a-z]*|tokens(?![a-z])")
-_REDACTED = "***"
 _warned_missing_wandb = False
-
-
-def _is_secret_name(name) -> bool:
-    lowered = _NOT_SECRET_WORDS.sub("", str(name).lower())
-    return any(marker in lowered for marker in _SECRET_MARKERS)
-
-
-def scrub_secrets(config: Mapping) -> dict:
-    """A copy of `config` in which every value under a secret-looking key (api_key, hf_token,
-    password, auth, ...) at any depth, inside lists too, is replaced by "***"."""
-
-    def scrub(value):
-        if isinstance(value, Mapping):
-            return {key: _REDACTED if _is_secret_name(key) else scrub(item) for key, item in value.items()}
-        if isinstance(value, (list, tuple)):
-            return [scrub(item) for item in value]
-        return value
-
-    return scrub(config)
 
 
 def _import_wandb():
@@ -66,6 +44,17 @@ def _import_wandb():
             _warned_missing_wandb = True
         return None
     return wandb
+
+
+@contextmanager
+def _command_line_redacted() -> Iterator[None]:
+    """sys.argv without its secrets for the block: wandb records the command line in the run's metadata at init."""
+    command_line = sys.argv
+    sys.argv = [redact_argument(argument) for argument in command_line]
+    try:
+        yield
+    finally:
+        sys.argv = command_line
 
 
 def _has_wandb_credentials(wandb) -> bool:
@@ -101,11 +90,12 @@ class Tracker:
         run_dir.mkdir(parents=True, exist_ok=True)  # wandb warns about a missing git root otherwise
         # silent is set for this process only; the user's wandb settings files are left alone.
         quiet = self._wandb.Settings(silent=True)
-        self._wandb.setup(settings=quiet)  # init's settings do not quiet later messages (add_dir)
-        self._run = self._wandb.init(
-            mode=self.mode, dir=str(run_dir), project=logger_cfg.project,
-            entity=logger_cfg.entity, name=run_name, tags=list(logger_cfg.tags),
-            config=scrub_secrets(config), settings=quiet)
+        with _command_line_redacted():
+            self._wandb.setup(settings=quiet)  # init's settings do not quiet later messages (add_dir)
+            self._run = self._wandb.init(
+                mode=self.mode, dir=str(run_dir), project=logger_cfg.project,
+                entity=logger_cfg.entity, name=run_name, tags=list(logger_cfg.tags),
+                config=scrub_secrets(config), settings=quiet)
 
     @property
     def active(self) -> bool:

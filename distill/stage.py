@@ -63,14 +63,14 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                          ", ".join(f"{name} {count}" for name, count in components_count(split_prompts).items()))
     found, where, precision, labelling, rates = {}, {}, None, None, []
     batch_size = settings.batch_size  # a server's answers: requests in flight are server_parallel
-    with answering_server(settings, ctx.target_spec, ctx.pair.eos_token_ids,
-                          ctx.run_dir / "generate_server.log") as served:
+    with answering_server(settings, ctx.target_spec, ctx.pair.eos_token_ids, ctx.run_dir / "generate_server.log",
+                          ctx.pair.vocab_size) as served:
         for split, split_prompts in training_prompts(prompts, settings).items():
             name = f"{domain.name}-{split}"
             prompt_labels = settings.label_prompts and split == "train"  # the training metric stays on answers
             key = cache_key(fingerprint, name, split_prompts, sampling, settings.max_new_tokens, ctx.seed,
                             domain.system_prompt, settings.top_k_logprobs, source, prompt_labels)
-            directory, dataset = dataset_directory(name, key), load_cached_dataset(name, key)
+            directory, dataset = dataset_directory(name, key), load_cached_dataset(name, key, fingerprint)
             if dataset is None and create:
                 if served is None and precision is None:
                     runner = ctx.pair.target_runner()

@@ -18,6 +18,7 @@ is the last line printed; W&B (logger=wandb, offline, by default) gets the table
 exits with one line `error: ...` (exit code 2).
 """
 
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -26,8 +27,9 @@ from hydra.core.config_store import ConfigStore
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig, OmegaConf
 
-from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
+from decode.cli import CONFIG_PATH, check_command_line, exit_on_user_error, register_help
 from decode.config import DecodeConfig, PairConfig
+from decode.files import check_writable_directory
 from eval.config import ReportConfig
 from eval.report import PLOTS, evaluate, format_markdown, table_rows, write_report
 from decode.tracking import LoggerConfig, Tracker, scrub_secrets
@@ -47,20 +49,28 @@ register_help("eval", __doc__)
 
 
 @hydra.main(config_path=CONFIG_PATH, config_name="eval", version_base=None)
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
     config: EvalReportCommand = OmegaConf.to_object(cfg)
     with exit_on_user_error():
+        output_dir = Path(config.eval.output_dir or HydraConfig.get().runtime.output_dir)
+        check_writable_directory(output_dir, "eval.output_dir")  # before the minutes of decoding
         report = evaluate(config.pair, config.decode, config.eval, config.seed)
-    output_dir = Path(config.eval.output_dir or HydraConfig.get().runtime.output_dir)
-    write_report(report, output_dir)
-    with Tracker(config.logger, output_dir, scrub_secrets(OmegaConf.to_container(cfg)), f"eval-{output_dir.name}") \
-            as tracker:
-        columns, rows = table_rows(report)
-        tracker.log_table("acceptance_by_domain", columns, rows)
-        tracker.log_images({name: output_dir / f"{name}.png" for name in PLOTS})
-        tracker.summary({"overall_alpha": report["overall"]["alpha"], "overall_speedup": report["overall"]["speedup"]})
+        write_report(report, output_dir)
+        with Tracker(config.logger, output_dir, scrub_secrets(OmegaConf.to_container(cfg)),
+                     f"eval-{output_dir.name}") as tracker:
+            columns, rows = table_rows(report)
+            tracker.log_table("acceptance_by_domain", columns, rows)
+            tracker.log_images({name: output_dir / f"{name}.png" for name in PLOTS})
+            tracker.summary({"overall_alpha": report["overall"]["alpha"],
+                             "overall_speedup": report["overall"]["speedup"]})
     print(format_markdown(report))
     print(output_dir.resolve())
+
+
+def main() -> None:
+    with exit_on_user_error():
+        check_command_line("eval", EvalReportCommand, sys.argv[1:])
+    run()
 
 
 if __name__ == "__main__":

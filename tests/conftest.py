@@ -1,3 +1,4 @@
+import logging
 import os
 
 import pytest
@@ -20,6 +21,20 @@ def _isolated_cache(tmp_path_factory):
         os.environ.pop("SPECDRAFT_CACHE", None)
     else:
         os.environ["SPECDRAFT_CACHE"] = previous
+
+
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """A command run in this process (its --help, main()) has Hydra give the root logger handlers on this test's
+    captured streams, closed once it ends: they leave with the test, so later tests' logging still works."""
+    root = logging.getLogger()
+    before, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in before and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)
+            handler.close()
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")

@@ -172,11 +172,14 @@ def test_published_files_get_the_modes_open_gives_under_the_umask(tmp_path, umas
 def test_staging_left_by_a_killed_run_is_removed_and_one_being_written_is_kept(tmp_path, caplog):
     import fcntl
 
+    from decode.files import MARKER, MARKER_TEXT
+
     abandoned, being_written = tmp_path / ".tmp-export-killed", tmp_path / ".tmp-export-writing"
     for staging in (abandoned, being_written):
-        (staging / "draft").mkdir(parents=True)
-        os.utime(staging, (0, 0))  # older than this process
-    lock = os.open(being_written, os.O_RDONLY)
+        (staging / "export" / "draft").mkdir(parents=True)
+        (staging / MARKER).write_bytes(MARKER_TEXT)
+        os.utime(staging / MARKER, (0, 0))  # older than this process
+    lock = os.open(being_written / MARKER, os.O_RDONLY)
     fcntl.flock(lock, fcntl.LOCK_EX)  # as its writer holds it
     try:
         with published(tmp_path / "export", directory=True) as staging:

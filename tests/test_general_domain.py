@@ -18,7 +18,8 @@ from distill.config import DomainConfig, GenerateConfig
 from distill.data import (SHIPPED_DIR, component_of, components_count, load_domain_prompts, normal_form,
                           shipped_domains)
 from distill.domains import domain_config
-from distill.magpie import magpie_prompt_file, pre_query_template, with_target_written_prompts
+from distill.magpie import (magpie_prompt_file, pre_query_template, prompt_file_entry, with_target_written_prompts,
+                            write_prompt_file)
 from distill.stage import training_prompts
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -118,12 +119,11 @@ def test_target_written_prompts_only_train_and_take_their_share(general, mixed):
     # an own name, so that the prompt file is this test's; 400 / 6 components: 67 target-written prompts
     domain = replace(general, name="general-unit")
     path = magpie_prompt_file(replace(domain, magpie_prompts=67), "fingerprint", 0, 8)
-    path.parent.mkdir(parents=True, exist_ok=True)
     # one repeats a held-out prompt of the mix (up to case and punctuation): it must not train
     repeat = mixed.heldout[3].text.upper() + "!"
     lines = [{"id": f"magpie-{index:05d}", "prompt": f"Request number {index}, please."} for index in range(69)]
     lines.insert(5, {"id": "magpie-99999", "prompt": repeat})
-    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    write_prompt_file(prompt_file_entry(path, "fingerprint"), lines)
 
     def no_target():
         raise AssertionError("the prompt file is there: the target is not asked")

@@ -24,6 +24,7 @@ from decode.models import ModelSpec
 from decode.sampling import SamplingParams
 from decode.export.gguf import write_gguf
 from decode.serving.llama_server import free_port
+from decode.tiny import tiny_tokenizer
 from distill.config import GenerateConfig
 from distill.data import Prompt
 from distill.generate import cache_key, score_answers
@@ -33,6 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 # llama-server's default flash attention keeps K and V in f16: measured up to 4.3e-3 on log-probabilities of
 # size ~4 against torch in f32 (2e-6 with -fa off -ctk f32 -ctv f32)
 ENGINE_TOLERANCE = 1e-2
+VOCAB_SIZE = len(tiny_tokenizer())  # the tiny target's
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +47,8 @@ def target_gguf(tiny_pair, tmp_path_factory):
 def llama_server_answers(tiny_pair, target_gguf, tmp_path_factory, server_binary):
     """One llama-server (2 slots) for the module's requests, stopped at its end."""
     served = ServedAnswers(GenerateConfig(answers="llama_server", server_parallel=2), ModelSpec(path=str(target_gguf)),
-                           tiny_pair.eos_token_ids, tmp_path_factory.mktemp("server") / "server.log")
+                           tiny_pair.eos_token_ids, tmp_path_factory.mktemp("server") / "server.log",
+                           tiny_pair.vocab_size)
     yield served
     served.close()
 
@@ -56,7 +59,7 @@ def prompt_ids(pair, count=4):
 
 def served_answers(url: str, tmp_path: Path, eos_token_ids=(0,)) -> ServedAnswers:
     return ServedAnswers(GenerateConfig(answers="server", server_url=url, server_parallel=2),
-                         ModelSpec(path="tiny-random"), list(eos_token_ids), tmp_path / "server.log")
+                         ModelSpec(path="tiny-random"), list(eos_token_ids), tmp_path / "server.log", VOCAB_SIZE)
 
 
 def target_scores(pair, records: list[dict], k: int) -> list[dict]:
@@ -178,7 +181,7 @@ def vllm_with_two_logprobs(path, body):
     """vLLM's legacy completion logprobs with return_tokens_as_token_ids, capped at 2 per position: the sampled
     token beside the top 2 (the OpenAI convention), named token_id:<id>."""
     sampled = [7, 9, 257]
-    top = [{"token_id:7": -2.5, "token_id:3": -0.5, "token_id:4": -1.0},
+    top = [{"token_id:7": -2.5, "token_id:3": -0.6, "token_id:4": -1.0},
            {"token_id:9": -0.2, "token_id:8": -1.8},
            {"token_id:257": -0.1, "token_id:8": -3.0}]
     logprobs = {"tokens": [f"token_id:{t}" for t in sampled], "token_logprobs": [-2.5, -0.2, -0.1],
@@ -195,7 +198,7 @@ def test_fewer_log_probabilities_than_asked_are_recorded_as_given_with_one_warni
     assert records[0]["input_ids"] == [1, 2, 3, 7, 9, 257] and records[0]["prompt_length"] == 3
     assert records[0]["stopped_by_eos"]
     assert records[0]["target_top_ids"] == [[3, 4], [9, 8], [257, 8]]  # the sampled 7 is not among the top 2
-    assert records[0]["target_top_logprobs"] == [[-0.5, -1.0], [-0.2, -1.8], [-0.1, -3.0]]
+    assert records[0]["target_top_logprobs"] == [[-0.6, -1.0], [-0.2, -1.8], [-0.1, -3.0]]
     assert caplog.text.count("gave 2 log-probabilities") == 1 and "the loss sees those 2" in caplog.text
     bodies = sorted((body for _, body in requests), key=lambda body: body["seed"])
     assert [body["prompt"] for body in bodies] == [[1, 2, 3], [4, 5]] and [b["seed"] for b in bodies] == [10, 11]
@@ -209,7 +212,7 @@ def test_the_answer_source_is_checked_and_keeps_answers_apart():
         answer_source(GenerateConfig(answers="vllm"))
     with pytest.raises(ConfigError, match=r"serves the target's GGUF.*pair.target.path=<file>.gguf"):
         ServedAnswers(GenerateConfig(answers="llama_server"), ModelSpec(path="tiny-random"), [0],
-                      Path("unused.log")).answer([[1]], SamplingParams(), 4, seed=0, top_k_logprobs=4)
+                      Path("unused.log"), VOCAB_SIZE).answer([[1]], SamplingParams(), 4, seed=0, top_k_logprobs=4)
     prompts = [Prompt(id="a", text="hi", split="train")]
 
     def key(source):

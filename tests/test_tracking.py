@@ -76,7 +76,7 @@ def test_scrub_secrets_replaces_nested_secrets_and_keeps_the_rest():
         "wandb": {"api_key": "***", "project": "specdraft"},
         "HF_TOKEN": "***",
         "hub": [{"authToken": "***", "repo": "me/draft"}],
-        "db": {"Password": "***", "credentials": {"client_secret": "***", "user": "me"}},
+        "db": {"Password": "***", "credentials": "***"},
         "auth": "***",
         "max_new_tokens": 128,
         "pair": {"tokenizer": "HuggingFaceTB/SmolLM2-135M-Instruct", "tokenizer_api_key": "***"},
@@ -264,3 +264,44 @@ def test_a_report_reaches_wandb_as_a_table_and_images(tmp_path, wandb_sandbox, m
     assert (table.columns, table.data) == (["domain", "alpha"], [["code", 0.4], ["all", 0.3]])
     [image] = [call[1]["alpha_by_domain"] for call in fake.calls if call[0] == "log" and "alpha_by_domain" in call[1]]
     assert image.path == str(tmp_path / "alpha_by_domain.png")
+
+
+SERVER_URL = f"http://alice:{PLANTED_SECRET}@127.0.0.1:9/v1?api_key={PLANTED_SECRET}"
+COMMAND_LINE = ["train", "+domain=code", f"generate.server_url={SERVER_URL}", f"+hub.token={PLANTED_SECRET}"]
+
+
+class ArgvRecordingWandb(FakeWandb):
+    """FakeWandb that also keeps the command line wandb would record at init."""
+
+    def init(self, **kwargs):
+        self.argv_at_init = list(sys.argv)
+        return super().init(**kwargs)
+
+
+def test_wandb_gets_config_metadata_and_command_line_without_credentials_anywhere(tmp_path, wandb_sandbox,
+                                                                                   monkeypatch):
+    fake = ArgvRecordingWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    monkeypatch.setattr(sys, "argv", list(COMMAND_LINE))
+    config = {"generate": {"server_url": SERVER_URL}, "metrics": [{"url": f"https://u:{PLANTED_SECRET}@vllm/metrics"}]}
+    with Tracker(logger_cfg("offline"), tmp_path / "run", config, "fake-run") as tracker:
+        tracker.log_model(tmp_path, "draft", {"answers": f"server {SERVER_URL}"})
+
+    [init] = [call[1] for call in fake.calls if call[0] == "init"]
+    assert init["config"] == {"generate": {"server_url": "http://***@127.0.0.1:9/v1?api_key=***"},
+                              "metrics": [{"url": "https://***@vllm/metrics"}]}
+    assert fake.artifacts[0].metadata == {"answers": "server http://***@127.0.0.1:9/v1?api_key=***"}
+    assert fake.argv_at_init == ["train", "+domain=code", "generate.server_url=http://***@127.0.0.1:9/v1?api_key=***",
+                                 "+hub.token=***"]
+    assert sys.argv == COMMAND_LINE  # redacted for wandb only
+
+
+def test_an_offline_run_records_the_command_line_without_its_secrets(tmp_path, wandb_sandbox, monkeypatch):
+    monkeypatch.setattr(sys, "argv", list(COMMAND_LINE))
+    run_dir = tmp_path / "run"
+    with Tracker(logger_cfg("offline"), run_dir, {"generate": {"server_url": SERVER_URL}}, "offline-argv") as tracker:
+        tracker.log({"loss": 1.0}, step=1)
+
+    contents = b"".join(path.read_bytes() for path in files_under(run_dir))
+    assert b"generate.server_url=http://***@127.0.0.1:9" in contents  # the command line was recorded, redacted
+    assert PLANTED_SECRET.encode() not in contents

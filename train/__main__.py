@@ -33,7 +33,8 @@ from decode.cli import CONFIG_PATH, check_command_line, exit_on_user_error, regi
 from decode.files import write_text
 from decode.models import resolve_device
 from train import config as train_config
-from train.pipeline import Pipeline, check_outputs, finished_summary, format_summary, run_directory, validate
+from train.pipeline import (Pipeline, check_outputs, finished_summary, format_summary, run_directory,
+                            run_directory_lock, validate)
 from decode.tracking import Tracker, scrub_secrets
 
 train_config.register()
@@ -47,20 +48,21 @@ def run(cfg: DictConfig) -> None:
         config = train_config.load(cfg)
         validate(config)
         run_dir = run_directory(config)
-        plain = scrub_secrets(train_config.as_dict(config))
-        finished = finished_summary(config, run_dir, plain)
-        if finished:
-            print(format_summary(finished, run_dir))
-            print(f"done: every stage asked for ({', '.join(config.stages)}) already finished with these settings; "
-                  f"change a setting or stages=[...] to run one again")
-            print(run_dir.resolve())
-            return
-        check_outputs(config, run_dir)
-        accelerator = Accelerator(cpu=resolve_device(config.pair.target.device).type == "cpu")
-        if accelerator.is_main_process:
-            write_text(run_dir / "config.yaml", yaml.safe_dump(plain, sort_keys=False))
-        with Tracker(config.logger, run_dir, plain, run_dir.name, accelerator.is_main_process) as tracker:
-            summary = Pipeline(config, accelerator, tracker, run_dir, plain).run()
+        with run_directory_lock(run_dir):
+            plain = scrub_secrets(train_config.as_dict(config))
+            finished = finished_summary(config, run_dir, plain)
+            if finished:
+                print(format_summary(finished, run_dir))
+                print(f"done: every stage asked for ({', '.join(config.stages)}) already finished with these "
+                      f"settings; change a setting or stages=[...] to run one again")
+                print(run_dir.resolve())
+                return
+            check_outputs(config, run_dir)
+            accelerator = Accelerator(cpu=resolve_device(config.pair.target.device).type == "cpu")
+            if accelerator.is_main_process:
+                write_text(run_dir / "config.yaml", yaml.safe_dump(plain, sort_keys=False))
+            with Tracker(config.logger, run_dir, plain, run_dir.name, accelerator.is_main_process) as tracker:
+                summary = Pipeline(config, accelerator, tracker, run_dir, plain).run()
     if accelerator.is_main_process:
         print(format_summary(summary, run_dir))
         print(run_dir.resolve())

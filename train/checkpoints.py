@@ -12,9 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from accelerate.utils import broadcast_object_list
 
 from decode.errors import ConfigError
-from decode.files import publish, remove_stale_staging
+from decode.files import Staging, remove_stale_staging
+from decode.storage import writing
 
 log = logging.getLogger(__name__)
 
@@ -50,23 +52,31 @@ class Checkpoints:
         """Every process calls it; files: name -> text, written by the main process beside the state."""
         accelerator = self.accelerator
         final = self.directory / f"step-{step:08d}"
-        staging = self.directory / f".tmp-step-{step:08d}"
         if accelerator.is_main_process:
-            shutil.rmtree(staging, ignore_errors=True)
-            staging.mkdir(parents=True)
-        accelerator.wait_for_everyone()
-        torch.save(rng_state(), staging / f"rng-{accelerator.process_index}.pt")
-        state = training_state(model, optimizer, scheduler)  # gathered from every process onto the main one
-        if accelerator.is_main_process:
-            torch.save(state, staging / TRAINING_STATE)
-            (staging / TRAINER_STATE).write_text(json.dumps(trainer_state))
-            for name, text in files.items():
-                (staging / name).write_text(text)
-        accelerator.wait_for_everyone()
-        if accelerator.is_main_process:
-            publish(staging, final)  # a checkpoint exists whole or not at all
-            for old in sorted(self.directory.glob("step-*"))[: -self.keep]:
-                shutil.rmtree(old, ignore_errors=True)
+            self.directory.mkdir(parents=True, exist_ok=True)
+        # the main process makes the staging copy and holds it locked; every process writes in it
+        staging = Staging(final) if accelerator.is_main_process else None
+        try:
+            if staging:
+                staging.payload.mkdir()
+            payload = Path(broadcast_object_list([str(staging.payload) if staging else None])[0])
+            with writing(final):  # torch.save's RuntimeError on a full disk: an error that names the checkpoint
+                torch.save(rng_state(), payload / f"rng-{accelerator.process_index}.pt")
+            state = training_state(model, optimizer, scheduler)  # gathered from every process onto the main one
+            if staging:
+                with writing(final):
+                    torch.save(state, payload / TRAINING_STATE)
+                    (payload / TRAINER_STATE).write_text(json.dumps(trainer_state))
+                    for name, text in files.items():
+                        (payload / name).write_text(text)
+            accelerator.wait_for_everyone()
+            if staging:
+                staging.publish(directory=True)  # a checkpoint exists whole or not at all
+                for old in sorted(self.directory.glob("step-*"))[: -self.keep]:
+                    shutil.rmtree(old, ignore_errors=True)
+        finally:
+            if staging:
+                staging.remove()
         accelerator.wait_for_everyone()
 
     def resumable(self) -> Resumed | None:

@@ -6,16 +6,20 @@ it needs, so any stage can be run alone from the same config. summary.json rolls
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import logging
+import os
 import time
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 from decode.context import RunContext
 from decode.errors import ConfigError, ExportError, PromptError
 from decode.files import check_writable_directory, write_json
+from decode.names import check_name
 from decode.results import EvalResult, ExportResult, GenerateResult, TrainResult, load_result, roll_up, save_result
 from decode.models import model_fingerprint
 from decode.kinds.registry import KINDS, kind_named
@@ -26,7 +30,7 @@ from decode.records import format_figure, format_interval
 from decode.export.stage import export_destination, run_export
 from distill.code_text import RATE_SOURCE as CODE_TEXT_RATE
 from distill.conversations import chat_prompt_ids
-from distill.data import DomainPrompts, load_domain_prompts, shipped_domains
+from distill.data import DomainPrompts, free_of_control_tokens, load_domain_prompts, shipped_domains
 from distill.losses import LOSSES
 from distill.magpie import check_magpie_settings, magpie_domain_prompts
 from distill.served_answers import answer_source
@@ -41,6 +45,7 @@ log = logging.getLogger(__name__)
 # decide how it is measured or shipped, and reuse the same run directory
 SHAPING_THE_DRAFT = ("domain", "pair", "method", "generate", "seed")
 SUMMARY = "summary.json"
+RUN_LOCK = ".lock"  # held by the command running in the run directory; holds its pid
 
 
 def validate(config: TrainConfig) -> None:
@@ -48,6 +53,9 @@ def validate(config: TrainConfig) -> None:
     if config.domain is None:
         raise ConfigError(f"choose a domain: python -m train +domain=<name>, one of {shipped_domains()} "
                           f"(or your own conf/domain/<name>.yaml)")
+    for setting, name in (("domain.name", config.domain.name), ("method.name", config.method.name),
+                          *(("domain.mix", component) for component in config.domain.mix)):
+        check_name(name, setting)  # they name the run directory and the cached answers
     unknown = [stage for stage in config.stages if stage not in STAGES]
     if unknown or not config.stages:
         raise ConfigError(f"stages must be a non-empty list from {list(STAGES)}, got {list(config.stages)}")
@@ -139,6 +147,33 @@ def check_outputs(config: TrainConfig, run_dir: Path) -> None:
         check_writable_directory(destination.parent, "export.dir" if config.export.dir else "run_dir")
 
 
+@contextmanager
+def run_directory_lock(run_dir: Path):
+    """This command's hold on its run directory, through the command's end however it ends (the system releases it
+    with the process): a second command on the same run directory is refused before it touches anything. Each
+    process of an `accelerate launch` holds its own lock file (RANK: its index)."""
+    check_writable_directory(run_dir, "run_dir")
+    rank = os.environ.get("RANK", "0")
+    lock_path = run_dir / (RUN_LOCK if rank == "0" else f"{RUN_LOCK}-{rank}")
+    try:
+        descriptor = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError as error:
+        raise ConfigError(f"run_dir: cannot open {lock_path} ({error.strerror}); remove it if it is not a file "
+                          f"of this run's") from None
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(descriptor, 32).decode(errors="replace").strip() or "unknown"
+            raise ConfigError(f"run directory {run_dir} is in use by another run (pid {holder}); wait for it to end, "
+                              f"or give this one another run_dir=...") from None
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(descriptor)
+
+
 def check_prompt_lengths(prompts: DomainPrompts, pair, system_prompt: str | None, answer_tokens: int) -> None:
     """A prompt the models cannot read with room for its answer is refused before any generation (the target
     would try to allocate for it)."""
@@ -180,6 +215,7 @@ class Pipeline:
         if written_by_target:
             self.prompts = magpie_domain_prompts(config.domain, pair, model_fingerprint(target_spec), config.seed,
                                                  config.generate.batch_size, accelerator)
+        self.prompts = free_of_control_tokens(self.prompts, pair.tokenizer, config.domain.system_prompt)
         check_prompt_lengths(self.prompts, pair, config.domain.system_prompt,
                              max(config.generate.max_new_tokens, config.eval.max_new_tokens))
         self.ctx = RunContext(run_dir=run_dir, pair=pair, target_spec=target_spec, accelerator=accelerator,

@@ -10,7 +10,7 @@ from decode.models import content_fingerprint
 from decode.results import TrainResult
 from distill.config import DomainConfig, GenerateConfig
 from distill.conversations import chat_prompt_ids
-from distill.data import DomainPrompts, answer_token_count, examples_from_records
+from distill.data import DomainPrompts, answer_token_count, at_one_width, examples_from_records
 from distill.on_policy import OnPolicySampler
 from distill.generate import labelling_precision
 from distill.stage import target_answers
@@ -29,7 +29,7 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
     validation_examples = examples_from_records(answers["validation"], method.max_length)
     code_text_examples = examples_from_records(answers["code_text"], method.max_length) \
         if "code_text" in answers else []
-    train_examples = train_examples + code_text_examples
+    train_examples, validation_examples = at_one_width(train_examples + code_text_examples, validation_examples)
     kept = None
     if method.prune_vocab:
         kept = most_probable_tokens(target_mass(train_examples), method.prune_vocab, _always_kept_tokens(ctx),

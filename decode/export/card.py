@@ -11,6 +11,7 @@ import yaml
 
 from decode.engine_rules import ENGINE_NAMES
 from decode.export.record import ExportRecord
+from decode.redact import redact_argument, scrub_secrets
 from decode.records import AcceptanceFigures, EngineCheck, EngineFigures, VllmCheck, format_figure, format_interval
 from decode.results import EvalResult, GenerateResult, TrainResult
 
@@ -19,7 +20,9 @@ def model_card(record: ExportRecord, kind, evaluated: EvalResult | None, trained
                generated: GenerateResult | None, config: dict) -> str:
     """record: the export's paths, gamma and flags; kind: the draft's (decode/kinds/base.py), which says what the
     draft is; evaluated / trained / generated: the records of this draft's eval, training and data (None when
-    absent); config: the resolved settings."""
+    absent); config: the resolved settings. The card is published: its command line and settings are scrubbed of
+    secrets (decode/redact.py)."""
+    config = scrub_secrets(config)
     domain, generate, method = config["domain"], config["generate"], config["method"]
     flags = record.result.flags
     lines = [f"# Draft model for speculative decoding: {domain['name']}", ""]
@@ -50,7 +53,8 @@ def model_card(record: ExportRecord, kind, evaluated: EvalResult | None, trained
         lines += ["llama.cpp:", "", "```", _command(flags["llama_cpp"]), "```", ""]
         lines += _engine_lines(record.result.engine_check)
     lines += kind.card_notes(record)
-    lines += ["## Provenance", "", f"- git commit: {_git_commit()}", f"- command line: `{_command(sys.argv)}`", "",
+    command_line = _command(redact_argument(argument) for argument in sys.argv)
+    lines += ["## Provenance", "", f"- git commit: {_git_commit()}", f"- command line: `{command_line}`", "",
               "Resolved configuration:", "", "```yaml", yaml.safe_dump(config, sort_keys=False).rstrip(), "```", ""]
     return "\n".join(lines)
 

@@ -3,13 +3,19 @@
 from __future__ import annotations
 
 import dataclasses
+import json
+import stat
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Optional
 
 from decode.records import ServingStepCosts
 from decode.results import ExportResult
 
 RECORD_FILE = "export.json"
+FORMAT = "specdraft export"  # export.json's "format": what tells a directory as an export of this product's
+# the fields every export.json has held, "format" or not: an export an earlier version wrote
+EARLIER_FIELDS = {"draft_fingerprint", "export_path", "round_trip", "draft_kind", "files"}
 
 
 @dataclass(kw_only=True)
@@ -27,7 +33,7 @@ class ExportRecord:
     dflash: Optional[dict] = None  # a DFlash head's layers, block and mask token
 
     def to_json(self) -> dict:
-        return {**self.result.to_json(), "worth_serving": self.worth_serving,
+        return {"format": FORMAT, **self.result.to_json(), "worth_serving": self.worth_serving,
                 "step_costs": self.step_costs.to_json() if self.step_costs else None, "draft_kind": self.draft_kind,
                 "draft_vocab_size": self.draft_vocab_size, "files": self.files,
                 **({"eagle3": self.eagle3} if self.eagle3 is not None else {}),
@@ -45,3 +51,16 @@ class ExportRecord:
 def serving_step_costs_of(data: dict) -> Optional[ServingStepCosts]:
     """The serving step costs of an export.json's data, read alone: all the monitor needs of it."""
     return ServingStepCosts.from_json(data["step_costs"]) if data["step_costs"] else None
+
+
+def holds_an_export(directory: Path) -> bool:
+    """Whether `directory` holds an export.json of this product's (a file of its own, not a link): what makes it
+    a directory an export may replace."""
+    record = directory / RECORD_FILE
+    try:
+        if not stat.S_ISREG(record.lstat().st_mode):
+            return False
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # none, unreadable, or not JSON
+        return False
+    return isinstance(data, dict) and (data.get("format") == FORMAT or EARLIER_FIELDS <= data.keys())

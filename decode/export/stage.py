@@ -20,13 +20,15 @@ Every kind:
     <export>/export.json     paths, flags, the round-trip checks and the engine check (llama-server, when installed)
 
 The export is built in a staging directory and renamed into place, so an existing
-export is replaced whole or not at all, and never without export.overwrite.
+export is replaced whole or not at all, and never without export.overwrite. Only a directory holding an export
+(its export.json) or nothing is ever replaced: never the run's or the user's directories, nor through a symbolic link.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from pathlib import Path
 
 from decode.config import DecodeConfig, ExportConfig
@@ -37,24 +39,78 @@ from decode.export.engine_check import engine_warnings
 from decode.export.vllm_check import format_check, vllm_check
 from decode.export.engines import ServingTarget, write_serving_files
 from decode.export.job import ExportJob
-from decode.export.record import RECORD_FILE, ExportRecord
+from decode.export.record import RECORD_FILE, ExportRecord, holds_an_export
 from decode.files import published
 from decode.kinds.registry import kind_for
 from decode.models import gguf_path, serving_path
 from decode.pair import load_draft
 from decode.records import EngineCheck, ServingStepCosts, VllmCheck
-from decode.results import ENGINE_CHECK, VLLM_CHECK, EvalResult, ExportResult, GenerateResult, TrainResult
+from decode.results import (ENGINE_CHECK, RESULTS_DIR, VLLM_CHECK, EvalResult, ExportResult, GenerateResult,
+                            TrainResult)
 from decode.serving.vllm_server import VllmSpec
 
 log = logging.getLogger(__name__)
 
 
 def export_destination(run_dir: Path, settings: ExportConfig) -> Path:
-    """Where the export goes; an existing export is refused unless export.overwrite."""
-    destination = (Path(settings.dir) if settings.dir else run_dir / "export").resolve()
-    if destination.exists() and not settings.overwrite:
-        raise ExportError(f"{destination} exists; set export.overwrite=true to replace it")
+    """Where the export goes: a new or empty directory, or one holding an earlier export (replaced whole, and only
+    with export.overwrite). Refused whatever export.overwrite says: a symbolic link, a file, a directory holding
+    anything else, and the directories the run or the user work in."""
+    named = Path(settings.dir) if settings.dir else run_dir / "export"
+    setting = f"export.dir={settings.dir}" if settings.dir else f"the export directory {named}"
+    if named.is_symlink():
+        raise ExportError(f"{setting} is a symbolic link (to {os.readlink(named)}), and an export replaces its "
+                          f"directory whole; {CHOOSE_ANOTHER}")
+    destination = named.resolve()
+    protected = protected_directory(destination, run_dir.resolve())
+    if protected:
+        raise ExportError(f"{setting} is {protected}, which an export would replace whole; {CHOOSE_ANOTHER}")
+    if destination.exists():
+        if not destination.is_dir():
+            raise ExportError(f"{setting} is a file, not a directory; {CHOOSE_ANOTHER}")
+        if not holds_nothing(destination) and not holds_an_export(destination):
+            raise ExportError(f"{setting}: {destination} holds files other than an export ({RECORD_FILE} of "
+                              f"specdraft's), and an export replaces its directory whole, export.overwrite or not; "
+                              f"{CHOOSE_ANOTHER}")
+        if not settings.overwrite:
+            raise ExportError(f"{destination} exists; set export.overwrite=true to replace it")
     return destination
+
+
+CHOOSE_ANOTHER = "set export.dir to a new or empty directory, or to one holding an earlier export"
+RUN_OWN = ("draft", "checkpoints", RESULTS_DIR)  # what the run writes in its directory beside the export
+
+
+def protected_directory(destination: Path, run_dir: Path) -> str | None:
+    """What `destination` is, when it is a directory no export may replace: the run's, the current or the home
+    directory, one holding them, or one the run keeps its own files in."""
+    for name, directory in (("the run directory", run_dir), ("the current directory", Path.cwd().resolve()),
+                            ("your home directory", Path.home().resolve())):
+        if destination == directory:
+            return f"{name} ({directory})"
+        if destination in directory.parents:
+            return f"a directory holding {name} ({directory})"
+    for name in RUN_OWN:
+        own = run_dir / name
+        if destination == own or own in destination.parents:
+            return f"{'' if destination == own else 'inside '}the run's {name} directory ({own})"
+    return None
+
+
+def holds_nothing(directory: Path) -> bool:
+    try:
+        return not any(directory.iterdir())
+    except OSError:  # unreadable: not known to be empty
+        return False
+
+
+def identity(path: Path) -> tuple[int, int] | None:
+    """What tells `path` from another put in its place meanwhile (None: nothing there)."""
+    try:
+        found = path.lstat()
+    except FileNotFoundError:
+        return None
+    return found.st_dev, found.st_ino
 
 
 def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, verify_prompt_ids: list[list[int]],
@@ -77,7 +133,16 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
                     engine_acceptance=evaluated.engine_acceptance if evaluated else None,
                     engines=evaluated.engines if evaluated else {})
     kind = kind_for(draft_spec)
-    with published(destination, directory=True) as staging:
+    found = identity(destination)
+
+    def still_as_found() -> None:  # just before the rename: another export may have landed there meanwhile
+        if identity(destination) != found:
+            raise ExportError(f"{destination} was written by another export while this one was made; nothing was "
+                              f"replaced and this export is discarded: run stages=[export] again (with "
+                              f"export.overwrite=true to replace it), or choose another export.dir")
+        export_destination(ctx.run_dir, settings)
+
+    with published(destination, directory=True, check=still_as_found) as staging:
         written = kind.export(job, staging)
         engine = written.engine
         warning = evaluated.verdict if evaluated else None

@@ -52,6 +52,7 @@ from decode.cost_model import DEFAULT_GAMMA, expected_alpha
 from decode.engine_rules import ENGINE_RULES
 from decode.errors import ConfigError
 from decode.files import write_json, write_text
+from decode.redact import scrub_secrets
 from decode.models import ModelSpec, derive_draft, gguf_path, load_model, serving_path
 from decode.kinds.registry import kind_of
 from decode.pair import ModelPair, load_draft, load_pair
@@ -487,6 +488,7 @@ def main(cfg: DictConfig) -> None:
         validate(config.serving)
         pair = load_pair(config.pair.target, config.pair.draft, config.pair.check_chat_template)
         report = run_bench(pair, config.pair, config.serving, output_dir, config.seed)
+    report = scrub_secrets(report)  # a server URL's credentials stay out of the files and the table
     table = format_markdown(report)
     write_json(output_dir / "serving_bench.json", report)
     write_text(output_dir / "serving_bench.md", table)

@@ -59,7 +59,7 @@ import sys
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from decode.cli import CONFIG_PATH, exit_on_user_error, register_help
+from decode.cli import CONFIG_PATH, check_command_line, exit_on_user_error, register_help
 from eval.monitor.config import MonitorConfig, register
 from eval.monitor.watch import EXIT_DRIFT, EXIT_ERROR, EXIT_HEALTHY, run
 
@@ -80,6 +80,8 @@ def cli() -> int:
     """Run main; -> its exit code. A user's error exits with its own code; Hydra exits 1 on an override it cannot
     apply (and on a crash), which would read as drift here: that is 2. After --help it exits 0."""
     try:
+        with exit_on_user_error():  # a mistyped key or an option of another command: one line, before any work
+            check_command_line("monitor", MonitorConfig, sys.argv[1:])
         main()
     except SystemExit as stop:
         if not stop.code:

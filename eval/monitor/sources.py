@@ -25,6 +25,8 @@ from typing import Callable, Iterator, Optional
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from decode.names import NAME_RULE, is_plain_name
+from decode.redact import redact_text
 from distill.served_responses import is_text, parse_served
 from eval.monitor.config import MetricsSource, MonitorConfig
 from eval.monitor.drift import Counts, Observation, counted, iso_minute
@@ -53,7 +55,6 @@ CLOCK_SKEW_S = 300
 MAX_LINE_BYTES = 4 * 2**20  # a prompt and its response of 32,768 tokens take a fraction of it
 MAX_SCRAPE_BYTES = 8 * 2**20  # vLLM's /metrics is a few hundred KiB; the parser reads about 4 MiB/s
 MAX_SERIES_NAME = 1000  # characters of an engine and its label set
-MAX_DOMAIN_NAME = 100  # characters: a domain names files
 
 # The speculative-decoding counters of vLLM and of llama-server (b11434), named without the `_total` of their
 # samples: rounds drafted, tokens drafted, tokens accepted, and rounds that accepted the token at each draft
@@ -74,8 +75,6 @@ POSITION = "position"
 # by, so each scrape is one sample and a window's samples count equally.
 RATE_GAUGE = "sglang:spec_accept_rate"
 
-DOMAIN_NAME = re.compile(r"(?!\.+$)[A-Za-z0-9_.-]{1,%d}" % MAX_DOMAIN_NAME)
-DOMAIN_NAME_RULE = f"a name of 1 to {MAX_DOMAIN_NAME} letters, digits, _ . -, not only dots"
 POSITION_LABEL = re.compile(r"[0-9]{1,3}")
 
 Record = Callable[[Observation], None]
@@ -116,11 +115,6 @@ def parse_time(value) -> float:
     if not 0 <= value <= LATEST_TIME:  # compared, not converted: an integer of 400 digits has no float
         raise ValueError(f"timestamp {value!r} is not a time from 1970 to 9999")
     return float(value)
-
-
-def is_domain_name(name) -> bool:
-    """Domains name files and are passed to the retrain command: DOMAIN_NAME_RULE."""
-    return isinstance(name, str) and DOMAIN_NAME.fullmatch(name) is not None
 
 
 # Request logs ----------------------------------------------------------------------------------------------
@@ -166,8 +160,8 @@ def parse_request(raw: bytes, default_gamma: int = MonitorConfig.gamma,
     gamma = entry.get("gamma", default_gamma)
     if not (is_count(gamma, MAX_GAMMA) and gamma >= 1):
         raise ValueError(f"gamma {gamma!r} must be an integer from 1 to {MAX_GAMMA}")
-    if not is_domain_name(entry["domain"]):
-        raise ValueError(f"domain {entry['domain']!r} is not {DOMAIN_NAME_RULE}")
+    if not is_plain_name(entry["domain"]):  # domains name files and are passed to the retrain command
+        raise ValueError(f"domain {entry['domain']!r} is not {NAME_RULE}")
     prompt = entry.get("prompt")
     if prompt is not None and not is_text(prompt):
         raise ValueError(f"prompt {prompt!r} is not text (a string that UTF-8 can write)")
@@ -411,7 +405,7 @@ def read_metrics(config: MonitorConfig, readings: dict[str, dict[str, CounterRea
     """
     kept = {}
     for source in config.metrics:
-        where = source.url or source.file
+        where = redact_text(source.url) if source.url else source.file  # kept in the state: no credentials
         try:
             if time.monotonic() > deadline:
                 raise ScrapeError(OUT_OF_TIME, "not scraped: scraped on the next run")

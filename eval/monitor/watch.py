@@ -26,20 +26,23 @@ from filelock import FileLock, Timeout
 from decode.cost_model import break_even_acceptance
 from decode.errors import ConfigError, SpecdraftError
 from decode.export.record import RECORD_FILE, serving_step_costs_of
-from decode.files import remove_stale_staging, write_json
+from decode.files import check_writable_directory, remove_stale_staging, write_json
+from decode.names import NAME_RULE, is_plain_name
+from decode.storage import check_free_space
 from eval.monitor import jobs
 from eval.monitor.config import MonitorConfig
 from eval.monitor.drift import (LOW, NO_DATA, Alert, Counts, DomainState, LowWindow, Observation, Retrain, WindowResult,
                                 add_observation, iso_minute, judge, take_complete_windows, track, window_of)
 from eval.monitor.promotion import (GATE_PROMPTS, KEEP, TRAIN_PROMPTS, GateResult, check_current, promote, run_gate,
                                     served_draft, split_traffic, train_responses, write_traffic)
-from eval.monitor.sources import (DOMAIN_NAME_RULE, MAX_GAMMA, OUT_OF_TIME, CounterReading, LogPosition, Problems,
-                                  is_domain_name, parse_time, read_metrics, read_request_logs)
+from eval.monitor.sources import (MAX_GAMMA, OUT_OF_TIME, CounterReading, LogPosition, Problems, parse_time,
+                                  read_metrics, read_request_logs)
 
 EXIT_HEALTHY, EXIT_DRIFT, EXIT_ERROR = 0, 1, ConfigError.exit_code
 STATE_FILE, LOCK_FILE, STATE_VERSION = "state.json", "monitor.lock", 2
 RETRAIN_STATUS, GATE_LOCK = "retrain.status", "gate.lock"  # in a retrain's run_dir
 BREAK_EVEN = "break_even"
+STATE_ROOM = 1 << 20  # bytes free in state_dir beyond the state's size: its growth in a run, the logs and job files
 RETRAIN_EXAMPLE = ('[python,-m,train,"+domain={domain}","pair.draft.path={champion}","domain.extra_prompts={prompts}",'
                    '"run_dir={run_dir}"]')
 
@@ -84,10 +87,7 @@ def run(config: MonitorConfig) -> RunOutcome:
     threshold = resolve_threshold(config)
     now = time.time() if config.now is None else parse_time(config.now)
     state_dir = Path(config.state_dir)
-    try:
-        state_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ConfigError(f"monitor: state_dir {state_dir} cannot be made: {error.strerror}") from None
+    check_state_dir(state_dir)
     with held(FileLock(state_dir / LOCK_FILE), timeout=0) as locked:
         if not locked:
             log.info("another monitor holds %s: this one does nothing", state_dir / LOCK_FILE)
@@ -125,6 +125,14 @@ def watch(config: MonitorConfig, state_dir: Path, threshold: float,
     return outcome, gates_due
 
 
+def check_state_dir(state_dir: Path) -> None:
+    """The state directory can be written, with room for the state written once more beside the one it replaces:
+    found before any source is read."""
+    check_writable_directory(state_dir, "monitor: state_dir")
+    state = state_dir / STATE_FILE
+    check_free_space(state_dir, (state.stat().st_size if state.is_file() else 0) + STATE_ROOM, "state_dir")
+
+
 def validate(config: MonitorConfig) -> None:
     if not config.request_logs and not config.metrics:
         raise ConfigError("monitor: no source configured: set request_logs=[...] and/or metrics=[{url: ...}]")
@@ -135,8 +143,8 @@ def validate(config: MonitorConfig) -> None:
             raise ConfigError(f"monitor: metrics url {source.url!r} is not http(s)")
     named = [source.domain for source in config.metrics if source.domain is not None] + list(config.domains.values())
     for domain in named:
-        if not is_domain_name(domain):
-            raise ConfigError(f"monitor: domain {domain!r} is not {DOMAIN_NAME_RULE}")
+        if not is_plain_name(domain):  # it names the retrain's files
+            raise ConfigError(f"monitor: domain {domain!r} is not {NAME_RULE}")
     checks = {"window_s > 0": config.window_s > 0, "min_drafted >= 1": config.min_drafted >= 1,
               f"1 <= gamma <= {MAX_GAMMA}": 1 <= config.gamma <= MAX_GAMMA, "alert_after >= 1": config.alert_after >= 1,
               "scrape_timeout_s > 0": config.scrape_timeout_s > 0, "max_run_s > 0": config.max_run_s > 0}

@@ -3,8 +3,9 @@
 At position P the head reads g_P: the target's residual stream entering its three capture layers
 (transformers' hidden_states[i] is the input of layer i), low to high, width 3 x target hidden. They are
 computed in batched teacher-forced forwards of the target over the sequences (prompt + answer) and cached
-under <cache>/eagle3-features, keyed by the answers' dataset, the target, the capture layers, the storage
-dtype and the sequences themselves (max_length cuts them), so a rerun or a resumed run reuses them.
+under <cache>/eagle3-features, keyed by the answers' dataset, the target and the dtype it runs in, the capture
+layers, the storage dtype and the sequences themselves (max_length cuts them), so a rerun or a resumed run reuses
+them once their checksum holds (decode/cache_entries.py).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from decode.files import published
+from decode.cache_entries import CacheEntry
 from decode.models import cache_root, model_fingerprint
 from decode.examples import Example, collate
 
@@ -96,36 +97,42 @@ def capture_hidden_states(target, sequences: list[list[int]], capture_layers: li
     return torch.cat(pieces), offsets
 
 
-def features_path(answers_directory: str, target_fingerprint: str, capture_layers: list[int],
-                  sequences: list[list[int]]) -> Path:
+def features_entry(answers_directory: str, target_fingerprint: str, capture_layers: list[int],
+                   sequences: list[list[int]], target_dtype: torch.dtype) -> CacheEntry:
+    """The cache entry of these states, keyed by all that shapes them (target_dtype: the dtype its forwards ran
+    in)."""
     tokens = hashlib.sha256()
     for sequence in sequences:
         tokens.update(torch.tensor(sequence, dtype=torch.int64).numpy().tobytes() + b"|")
     described = json.dumps({"version": FORMAT_VERSION, "answers": Path(answers_directory).name,
-                            "target": target_fingerprint, "capture_layers": list(capture_layers),
-                            "dtype": str(STORAGE_DTYPE), "sequences": tokens.hexdigest()}, sort_keys=True)
+                            "target": target_fingerprint, "target_dtype": str(target_dtype),
+                            "capture_layers": list(capture_layers), "dtype": str(STORAGE_DTYPE),
+                            "sequences": tokens.hexdigest()}, sort_keys=True)
     key = hashlib.sha256(described.encode()).hexdigest()[:16]
-    return cache_root() / "eagle3-features" / f"{Path(answers_directory).name}-{key}.safetensors"
+    path = cache_root() / "eagle3-features" / f"{Path(answers_directory).name}-{key}.safetensors"
+    return CacheEntry(path, {"target": target_fingerprint}, directory=False)
 
 
 def target_features(target, examples: list[Example], capture_layers: list[int], answers_directory: str,
                     target_fingerprint: str, batch_size: int, accelerator) -> TargetFeatures:
-    """The examples' capture-layer states, from the cache or computed and cached. Under several processes the
-    main one computes and writes them while the others wait, then every process reads the file."""
+    """The examples' capture-layer states, from the cache (checked by the main process) or computed and cached.
+    Under several processes the main one computes and writes them while the others wait, then every process reads
+    the file."""
     sequences = [example.input_ids for example in examples]
-    path = features_path(answers_directory, target_fingerprint, capture_layers, sequences)
-    if accelerator.is_main_process and not path.is_file():
+    entry = features_entry(answers_directory, target_fingerprint, capture_layers, sequences,
+                           next(target.parameters()).dtype)
+    if accelerator.is_main_process and entry.usable():
+        log.info("reusing the target's states at layers %s from %s", list(capture_layers), entry.path)
+    elif accelerator.is_main_process:
         began = time.perf_counter()
         flat, offsets = capture_hidden_states(target, sequences, capture_layers, batch_size)
         seconds = time.perf_counter() - began
-        with published(path) as staging:
+        with entry.writing() as staging:
             save_file({"target_hidden": flat, "offsets": offsets}, str(staging), metadata={"seconds": f"{seconds:.3f}"})
         log.info("computed the target's states at layers %s for %d sequences in %.1f s: %s",
-                 list(capture_layers), len(sequences), seconds, path)
-    elif accelerator.is_main_process:
-        log.info("reusing the target's states at layers %s from %s", list(capture_layers), path)
+                 list(capture_layers), len(sequences), seconds, entry.path)
     accelerator.wait_for_everyone()
-    return read_features(path)
+    return read_features(entry.path)
 
 
 def read_features(path: Path) -> TargetFeatures:
