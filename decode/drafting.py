@@ -7,15 +7,23 @@ and the step costs (decode/step_costs.py) time the draft through it.
 from __future__ import annotations
 
 import abc
+from typing import Callable
 
 import torch
 
 from decode.acceptance_rules import llama_cpp_confidence
+from decode.rows import RowState
 from decode.sampling import SamplingParams, probs_from_logits, sample
+
+# copies(step, draft_tokens [B], q [B, V]) -> the step's tokens, their q, and which rows copied [B]: the context
+# copies (decode/lookup.py context_copies) that replace a draw where a row has one
+Copies = Callable[[int, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+# tokens [B, gamma], their q [B, gamma, V], which were copies [B, gamma] (None without), confidence [B, gamma]
+Proposal = tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor]
 
 
 class Drafter(abc.ABC):
-    """One generate call's drafting over a draft runner; `state` is the decoder's batch (speculative._Batch)."""
+    """One generate call's drafting over a draft runner; `state` is what it reads of the call's rows."""
 
     # the target layers whose input states the drafter reads: the target keeps them only when asked
     capture_layers: tuple[int, ...] = ()
@@ -28,16 +36,25 @@ class Drafter(abc.ABC):
     def __init__(self, runner):
         self.runner = runner
 
+    def reset(self, batch: int, capacity: int) -> None:
+        """Empty caches for a call's rows, before its prefill."""
+        self.runner.reset(batch, capacity)
+
+    def free(self) -> None:
+        """Release them once the call ends."""
+        self.runner.free()
+
     @abc.abstractmethod
-    def prefill(self, state) -> None:
+    def prefill(self, state: RowState) -> None:
         """Reads the prompts."""
 
     @abc.abstractmethod
-    def propose(self, state, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
-        """-> sample_steps' (tokens [B, gamma], q [B, gamma, V], copies [B, gamma] or None, confidence [B, gamma])."""
+    def propose(self, state: RowState, gamma: int, sampling: SamplingParams, kv_len: int,
+                copies: Copies | None = None) -> Proposal:
+        """-> sample_steps' proposal of gamma tokens for every row."""
 
     @abc.abstractmethod
-    def verified(self, state, new_tokens: torch.Tensor, accepted_counts: torch.Tensor, start: torch.Tensor,
+    def verified(self, state: RowState, new_tokens: torch.Tensor, accepted_counts: torch.Tensor, start: torch.Tensor,
                  kv_len: int) -> None:
         """Follows a verify: new_tokens [B, gamma + 1] at positions start + 1 .., accepted_counts [B]."""
 
@@ -53,9 +70,9 @@ class Drafter(abc.ABC):
 
 
 def sample_steps(first_logits: torch.Tensor, gamma: int, sampling: SamplingParams, generator, next_logits,
-                 copies=None):
+                 copies: Copies | None = None) -> Proposal:
     """gamma draws, each from the draft's last logits; next_logits(step, tokens) runs the draft on them.
-    copies (speculative._Batch._copies) replaces a draw by a context copy where a row has one.
+    copies replaces a draw by a context copy where a row has one.
     -> tokens [B, gamma], their distributions q [B, gamma, V], which were copies [B, gamma] (None without), and
     the draft's confidence as llama.cpp's draft sampler measures it [B, gamma] (decode/acceptance_rules.py)."""
     logits, tokens, probs, copied, confidence = first_logits, [], [], [], []

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from decode.rows import RowState
+
 
 def copy_proposals(tokens: torch.Tensor, lengths: torch.Tensor, ngram: int) -> tuple[torch.Tensor, torch.Tensor]:
     """tokens [B, L] (row b's context is tokens[b, :lengths[b]]) -> (proposal [B], found [B]).
@@ -35,3 +37,19 @@ def copy_proposals(tokens: torch.Tensor, lengths: torch.Tensor, ngram: int) -> t
     found = latest >= 0
     proposal = tokens.gather(1, (latest.clamp(min=0) + ngram)[:, None]).squeeze(1)
     return proposal, found
+
+
+def context_copies(state: RowState, ngram: int):
+    """choose(step, draft_tokens, draft_probs) -> the step's tokens, their q, and which rows copied: the drafters'
+    `copies` (decode/drafting.py sample_steps).
+
+    Each chosen token is written after the row's known tokens (where the round's own tokens go later), so the next
+    step's lookup sees the tokens drafted before it."""
+    def choose(step: int, draft_tokens: torch.Tensor, draft_probs: torch.Tensor):
+        proposal, found = copy_proposals(state.tokens, state.lengths + step, ngram)
+        tokens = torch.where(found, proposal, draft_tokens)
+        point_mass = torch.zeros_like(draft_probs).scatter_(-1, proposal[:, None], 1.0)
+        probs = torch.where(found[:, None], point_mass, draft_probs)
+        state.tokens.scatter_(1, (state.lengths + step)[:, None], tokens[:, None])
+        return tokens, probs, found
+    return choose

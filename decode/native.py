@@ -51,7 +51,103 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return weight * F.rms_norm(x.to(torch.float32), x.shape[-1:], eps=eps).to(x.dtype)
 
 
+def in_autocast_dtype(weight: torch.Tensor, device: torch.device,
+                      kept: dict[int, tuple[torch.Tensor, int, torch.Tensor]]) -> torch.Tensor:
+    """The weight as autocast would cast it, cast once and kept (in `kept`, by the weight's id; a runner empties it
+    in free()) until the weight changes (its version counter moves when an optimizer updates it in place).
+    Autocast caches no cast of a weight that needs no gradient, so it cast every frozen weight at every call: half
+    of a 32-row decode step of the default target on a CPU went to those copies."""
+    if not torch.is_autocast_enabled(device.type):
+        return weight
+    dtype = torch.get_autocast_dtype(device.type)
+    if weight.dtype != torch.float32:  # autocast casts float32 weights only
+        return weight
+    copy = kept.get(id(weight))
+    if copy is None or copy[0] is not weight or copy[1] != weight._version or copy[2].dtype != dtype:
+        copy = kept[id(weight)] = (weight, weight._version, weight.to(dtype))
+    return copy[2]
+
+
+def output_head(model: nn.Module, vocab_size: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The output matrix's rows of the vocabulary, and the kept token ids of a pruned draft (None: all kept), whose
+    rows alone it then holds (a small copy)."""
+    head = model.get_output_embeddings().weight[:vocab_size]
+    kept = kept_token_ids(model)
+    if not kept:
+        return head, None
+    kept_ids = torch.tensor(kept, device=head.device)
+    return head[kept_ids].contiguous(), kept_ids
+
+
+def projection_weights(layers) -> list[torch.Tensor]:
+    """Every layer's attention and MLP matrices."""
+    return [projection.weight for layer in layers for projection in (
+        layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
+        layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+
+
+def rope_tables(model: nn.Module, max_len: int, dtype: torch.dtype,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos/sin [max_len, head_dim] from the model's own rotary module (any static RoPE variant)."""
+    positions = torch.arange(max_len, device=device)[None]
+    probe = torch.empty(0, dtype=dtype, device=device)
+    with torch.no_grad():
+        cos, sin = model.model.rotary_emb(probe, position_ids=positions)
+    return cos[0], sin[0]
+
+
+def rotated(query: torch.Tensor, key: torch.Tensor, cos: torch.Tensor,
+            sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """RoPE on queries and keys [B, T, heads, D] at once (one set of elementwise ops instead of two)
+    -> [B, heads, T, D] each."""
+    both = torch.cat([query, key], dim=2).transpose(1, 2)
+    both = both * cos + rotate_half(both) * sin
+    return both.split([query.shape[2], key.shape[2]], dim=1)
+
+
+def attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attend: torch.Tensor,
+              scale: float) -> torch.Tensor:
+    """query [B, heads, T, D] over the cached keys/values [B, kv_heads, L, D] where attend [B, 1, T, L]
+    -> [B, heads, T, D]."""
+    if query.shape[2] == 1:
+        return one_query_attention(query, keys, values, attend, scale)
+    return F.scaled_dot_product_attention(query, keys, values, attn_mask=attend, scale=scale,
+                                          enable_gqa=query.shape[1] != keys.shape[1])
+
+
+def one_query_attention(query: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, attend: torch.Tensor,
+                        scale: float) -> torch.Tensor:
+    """SDPA's arithmetic for one query a row (a decode step): query [B, heads, 1, D], keys/values
+    [B, kv_heads, L, D], attend [B, 1, 1, L] -> [B, heads, 1, D]. Each kv head's query heads form the rows of
+    one small matmul; on a CPU SDPA's kernel spends most of a batched decode step's attention on its masking
+    and blocking around a product this small."""
+    batch, heads, _, head_dim = query.shape
+    kv_heads = keys.shape[1]
+    # in the cache's dtype: under autocast a float32 query (after RoPE) would cast the whole cache at every step
+    grouped = query.reshape(batch, kv_heads, heads // kv_heads, head_dim).to(keys.dtype)
+    scores = grouped @ keys.transpose(-1, -2)
+    scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * scale  # softmax in >= float32
+    weights = scores.masked_fill(~attend.reshape(batch, 1, 1, -1), float("-inf")).softmax(-1)
+    return (weights.to(values.dtype) @ values).reshape(batch, heads, 1, head_dim)
+
+
 _step_padding: dict[tuple, StepPadding] = {}
+
+
+def decided_step_padding(runner: NativeLlamaRunner, weights: list[torch.Tensor]) -> StepPadding:
+    """Whether the runner's 1-token forward runs padded with a dummy token: measured once per process for a device,
+    dtype and architecture; unmeasured (no padding) on CUDA and for models under SMALL_MODEL_ELEMENTS weight
+    elements, like the matmul route."""
+    if runner.device.type != "cpu" or sum(weight.numel() for weight in weights) < SMALL_MODEL_ELEMENTS:
+        return StepPadding()
+    key = (str(runner.device), runner.dtype, tuple(tuple(weight.shape) for weight in weights), runner.num_heads,
+           runner.num_kv_heads, runner.head_dim, hasattr(runner.layers[0].self_attn, "q_norm"))
+    if key not in _step_padding:
+        began = time.perf_counter()
+        decision = _step_padding[key] = runner.time_step_padding()
+        log.info("%d-layer model on %s %s (%.2f s check): %s", len(runner.layers), runner.device,
+                 str(runner.dtype).replace("torch.", ""), time.perf_counter() - began, decision.describe())
+    return _step_padding[key]
 
 
 class NativeLlamaRunner(CausalLMRunner):
@@ -70,12 +166,7 @@ class NativeLlamaRunner(CausalLMRunner):
         self.layers = model.model.layers
         self.final_norm = model.model.norm.weight
         self.embed = model.get_input_embeddings().weight
-        self.head = model.get_output_embeddings().weight[:vocab_size]
-        kept = kept_token_ids(model)
-        self.kept_ids = None
-        if kept:  # a pruned draft: project onto its kept rows only (a small copy)
-            self.kept_ids = torch.tensor(kept, device=self.head.device)
-            self.head = self.head[self.kept_ids].contiguous()
+        self.head, self.kept_ids = output_head(model, vocab_size)
         self.dtype = self.embed.dtype
         self.device = self.embed.device
         self.cache: KVCache | None = None
@@ -84,48 +175,21 @@ class NativeLlamaRunner(CausalLMRunner):
         # layers whose input states a forward keeps in `captured` [B, T, len x H] (an EAGLE-3 head reads them)
         self.capture_layers: tuple[int, ...] = ()
         self.captured: torch.Tensor | None = None
-        weights = [self.head] + [
-            projection.weight for layer in self.layers for projection in (
-                layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, layer.self_attn.o_proj,
-                layer.mlp.gate_proj, layer.mlp.up_proj, layer.mlp.down_proj)]
+        weights = [self.head] + projection_weights(self.layers)
         self.skinny_route = skinny_route(weights)
         # whether a 1-token forward (an AR step, a draft step) runs padded with a dummy token: measured after the
         # matmul route, on the whole forward
-        self.step_padding = self._decided_step_padding(weights)
+        self.step_padding = decided_step_padding(self, weights)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """F.linear, through the kernel this machine measured fastest for x's row count and this weight's shape."""
-        return self.skinny_route.kernel(x.numel() // x.shape[-1], weight.shape)(x, self._in_autocast_dtype(weight),
-                                                                               bias)
-
-    def _in_autocast_dtype(self, weight: torch.Tensor) -> torch.Tensor:
-        """The weight as autocast would cast it, cast once and kept until free() or until the weight changes (its
-        version counter moves when an optimizer updates it in place). Autocast caches no cast of a weight that needs
-        no gradient, so it cast every frozen weight at every call: half of a 32-row decode step of the default
-        target on a CPU went to those copies."""
-        if not torch.is_autocast_enabled(self.device.type):
-            return weight
-        dtype = torch.get_autocast_dtype(self.device.type)
-        if weight.dtype != torch.float32:  # autocast casts float32 weights only
-            return weight
-        kept = self._cast_weights.get(id(weight))
-        if kept is None or kept[0] is not weight or kept[1] != weight._version or kept[2].dtype != dtype:
-            kept = self._cast_weights[id(weight)] = (weight, weight._version, weight.to(dtype))
-        return kept[2]
-
-    def _rope_tables(self, max_len: int) -> None:
-        """cos/sin [max_len, head_dim] from the model's own rotary module (any static RoPE variant)."""
-        if max_len <= self._rope_len:
-            return
-        positions = torch.arange(max_len, device=self.device)[None]
-        probe = torch.empty(0, dtype=self.dtype, device=self.device)
-        with torch.no_grad():
-            cos, sin = self.model.model.rotary_emb(probe, position_ids=positions)
-        self.cos, self.sin = cos[0], sin[0]
-        self._rope_len = max_len
+        return self.skinny_route.kernel(x.numel() // x.shape[-1], weight.shape)(
+            x, in_autocast_dtype(weight, self.device, self._cast_weights), bias)
 
     def reset(self, batch_size: int, max_len: int) -> None:
-        self._rope_tables(max_len)
+        if max_len > self._rope_len:
+            self.cos, self.sin = rope_tables(self.model, max_len, self.dtype, self.device)
+            self._rope_len = max_len
         # under autocast the keys and values are computed, and attended to, in its dtype: kept in it, the cache is
         # not cast again at every step
         dtype = torch.get_autocast_dtype(self.device.type) if torch.is_autocast_enabled(self.device.type) else \
@@ -141,20 +205,6 @@ class NativeLlamaRunner(CausalLMRunner):
 
     def select_rows(self, rows: torch.Tensor) -> None:
         self.cache.select_rows(rows)
-
-    def _decided_step_padding(self, weights: list[torch.Tensor]) -> StepPadding:
-        """Measured once per process for a device, dtype and architecture; unmeasured (no padding) on CUDA and for
-        models under SMALL_MODEL_ELEMENTS weight elements, like the matmul route."""
-        if self.device.type != "cpu" or sum(weight.numel() for weight in weights) < SMALL_MODEL_ELEMENTS:
-            return StepPadding()
-        key = (str(self.device), self.dtype, tuple(tuple(weight.shape) for weight in weights), self.num_heads,
-               self.num_kv_heads, self.head_dim, hasattr(self.layers[0].self_attn, "q_norm"))
-        if key not in _step_padding:
-            began = time.perf_counter()
-            decision = _step_padding[key] = self.time_step_padding()
-            log.info("%d-layer model on %s %s (%.2f s check): %s", len(self.layers), self.device,
-                     str(self.dtype).replace("torch.", ""), time.perf_counter() - began, decision.describe())
-        return _step_padding[key]
 
     def time_step_padding(self, repeats: int = STEP_PAD_REPEATS,
                           contexts: tuple[int, ...] = STEP_PAD_CONTEXTS) -> StepPadding:
@@ -231,35 +281,13 @@ class NativeLlamaRunner(CausalLMRunner):
     def _attention(self, index, layer, normed, positions, cos, sin, attend, kv_len):
         attn = layer.self_attn
         batch, length, _ = normed.shape
-        query = self.linear(normed, attn.q_proj.weight, attn.q_proj.bias).view(batch, length, -1, self.head_dim)
-        key = self.linear(normed, attn.k_proj.weight, attn.k_proj.bias).view(batch, length, -1, self.head_dim)
-        value = self.linear(normed, attn.v_proj.weight, attn.v_proj.bias).view(batch, length, -1, self.head_dim)
+        shape = (batch, length, -1, self.head_dim)
+        query, key, value = (self.linear(normed, projection.weight, projection.bias).view(shape)
+                             for projection in (attn.q_proj, attn.k_proj, attn.v_proj))
         if hasattr(attn, "q_norm"):  # Qwen3 normalises each head before RoPE
             query = rms_norm(query, attn.q_norm.weight, self.eps)
             key = rms_norm(key, attn.k_norm.weight, self.eps)
-        # RoPE on queries and keys at once: one set of elementwise ops instead of two
-        rotated = torch.cat([query, key], dim=2).transpose(1, 2)
-        rotated = rotated * cos + rotate_half(rotated) * sin
-        query, key = rotated.split([query.shape[2], key.shape[2]], dim=1)
-        value = value.transpose(1, 2)
-        keys, values = self.cache.write(index, key, value, positions, kv_len)
-        if length == 1:
-            out = self._one_query_attention(query, keys, values, attend)
-        else:
-            out = F.scaled_dot_product_attention(query, keys, values, attn_mask=attend, scale=self.scale,
-                                                 enable_gqa=self.num_heads != self.num_kv_heads)
-        out = out.transpose(1, 2).reshape(batch, length, -1)
+        query, key = rotated(query, key, cos, sin)
+        keys, values = self.cache.write(index, key, value.transpose(1, 2), positions, kv_len)
+        out = attention(query, keys, values, attend, self.scale).transpose(1, 2).reshape(batch, length, -1)
         return self.linear(out, attn.o_proj.weight, attn.o_proj.bias)
-
-    def _one_query_attention(self, query, keys, values, attend):
-        """SDPA's arithmetic for one query a row (a decode step): query [B, heads, 1, D], keys/values
-        [B, kv_heads, L, D], attend [B, 1, 1, L] -> [B, heads, 1, D]. Each kv head's query heads form the rows of
-        one small matmul; on a CPU SDPA's kernel spends most of a batched decode step's attention on its masking
-        and blocking around a product this small."""
-        batch, heads, _, head_dim = query.shape
-        # in the cache's dtype: under autocast a float32 query (after RoPE) would cast the whole cache at every step
-        grouped = query.reshape(batch, self.num_kv_heads, heads // self.num_kv_heads, head_dim).to(keys.dtype)
-        scores = grouped @ keys.transpose(-1, -2)
-        scores = scores.to(torch.promote_types(scores.dtype, torch.float32)) * self.scale  # softmax in >= float32
-        weights = scores.masked_fill(~attend.reshape(batch, 1, 1, -1), float("-inf")).softmax(-1)
-        return (weights.to(values.dtype) @ values).reshape(batch, heads, 1, head_dim)

@@ -35,6 +35,39 @@ def _by_gamma_json(values: dict) -> dict:
     return {str(gamma): values[gamma] for gamma in sorted(values)}
 
 
+@dataclass
+class EngineCommands:
+    """How the engines serve an exported draft, each None where that engine does not: vLLM's --speculative-config
+    value and its `vllm serve` command, SGLang's and llama.cpp's launch commands (decode/export/engines.py)."""
+
+    vllm_speculative_config: Optional[dict] = None
+    vllm: Optional[list[str]] = None
+    sglang: Optional[list[str]] = None
+    llama_cpp: Optional[list[str]] = None
+
+    def to_json(self) -> dict:
+        return {key: value for key, value in asdict(self).items() if value is not None}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "EngineCommands":
+        return cls(**_known(cls, data))
+
+    @property
+    def engines(self) -> list[str]:
+        """The engines that serve the draft, by the names of their commands."""
+        return [name for name in ("vllm", "sglang", "llama_cpp") if getattr(self, name) is not None]
+
+    @property
+    def vllm_target(self) -> str:
+        """The model `vllm serve MODEL ...` serves."""
+        return self.vllm[self.vllm.index("serve") + 1]
+
+    @property
+    def llama_cpp_spec_type(self) -> str:
+        """The --spec-type llama-server drafts with."""
+        return self.llama_cpp[self.llama_cpp.index("--spec-type") + 1]
+
+
 @dataclass(kw_only=True)
 class RuleFigures:
     """One drafting rule's expected acceptance (decode/acceptance_rules.py) at the positions the eval tested: per

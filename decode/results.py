@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import List, Optional, TypeVar
 
 from decode.files import write_json
-from decode.records import AcceptanceFigures, EngineCheck, EngineFigures, StepCostFigures, VllmCheck
+from decode.records import AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, StepCostFigures, VllmCheck
 
 log = logging.getLogger(__name__)
 
@@ -74,7 +74,7 @@ class TrainResult(PlainRecord):
     on_policy_seconds: float = 0.0
     on_policy_labels: List[dict] = field(default_factory=list)  # each refresh's target-labelled tokens per minute
     # EAGLE-3 heads: validation acceptance of each draft step at the end (the first is validation_acceptance_end),
-    # and the target's capture-layer states the head reads (decode/kinds/eagle3/features.py): the seconds of the
+    # and the target's capture-layer states the head reads (decode/kinds/common/target_features.py): the seconds of the
     # forwards that computed them (a rerun reuses them and reports the first computation's), their tokens, and
     # the bytes of one token's states in memory
     validation_acceptance_steps: Optional[list] = None
@@ -158,8 +158,15 @@ class ExportResult(PlainRecord):
     export_path: str
     gamma: int
     evaluated: bool  # whether an eval of this very draft stood behind the gamma and the figures
-    flags: dict = field(default_factory=dict)
+    flags: EngineCommands = field(default_factory=EngineCommands)
     round_trip: dict = field(default_factory=dict)  # the read-back checks, and the engine check under ENGINE_CHECK
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "flags": self.flags.to_json()}
+
+    @classmethod
+    def from_json(cls, data: dict) -> ExportResult:
+        return cls(**{**data, "flags": EngineCommands.from_json(data.get("flags", {}))})
 
     @property
     def engine_check(self) -> Optional[EngineCheck]:

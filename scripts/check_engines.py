@@ -29,7 +29,7 @@ GAMMA = 3
 def check_sglang(directory: Path) -> str:
     server_args = importlib.import_module("sglang.srt.server_args")
     flags = serving_flags(ServingTarget("org/target", None), directory / "draft", directory / "sglang", None,
-                                 GAMMA)["sglang"]
+                                 GAMMA).sglang
     launcher = ["python", "-m", "sglang.launch_server"]
     parser = argparse.ArgumentParser()
     server_args.ServerArgs.add_cli_args(parser)

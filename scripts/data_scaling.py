@@ -77,13 +77,13 @@ def row_figures(summary: dict, known: dict) -> dict:
             "validation": train.get("validation_acceptance_end")}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out_dir", type=Path)
     parser.add_argument("--domain", default="code")
     parser.add_argument("--row", action="append", default=[], metavar='NAME="OVERRIDES"',
                         help="a row of your own (repeatable); without any, the default rows")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     rows = dict(row.split("=", 1) for row in args.row) if args.row else DEFAULT_ROWS
     summaries = {name: run_row(args.out_dir, args.domain, name, overrides) for name, overrides in rows.items()}
     known = {}

@@ -2,15 +2,15 @@
 what the step costs predict, and the step costs timed on the prompts' text and on random tokens.
 
     python scripts/gamma_speed.py DRAFT [DRAFT ...] [--domain code] [--prompts 16] [--gammas 1 2 3]
-                                  [--max-new-tokens 64] [--random-tokens]
+                                  [--max-new-tokens 64] [--random-tokens] [--target PATH]
 
-The default target, the decode defaults' sampling (temperature 0.7, top-p 0.9), held-out prompts of the domain one
-request at a time. Each prompt is decoded once by AR and once by every draft at every gamma, in an order that
-rotates from prompt to prompt, each with the prompt's own seed. Prints per mode tok/s and the ratio to AR with a
-95% bootstrap interval over prompts, per-token acceptance and acceptance by draft position (accepted / tested at
-each position), then each draft's step costs (c, v(gamma)) on the prompts' text, twice (with --random-tokens also
-on random tokens), with the speedup they predict at the measured acceptance. Drafts of any kind (a parallel
-draft's c is its round's forward). Run it with nothing else on the cores.
+The default target (or --target), the decode defaults' sampling (temperature 0.7, top-p 0.9), held-out prompts
+of the domain one request at a time. Each prompt is decoded once by AR and once by every draft at every gamma, in
+an order that rotates from prompt to prompt, each with the prompt's own seed. Prints per mode tok/s and the ratio
+to AR with a 95% bootstrap interval over prompts, per-token acceptance and acceptance by draft position (accepted /
+tested at each position), then each draft's step costs (c, v(gamma)) on the prompts' text, twice (with
+--random-tokens also on random tokens), with the speedup they predict at the measured acceptance. Drafts of any
+kind (a parallel draft's c is its round's forward). Run it with nothing else on the cores.
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from distill.data import load_prompts
 from eval.bootstrap import BOOTSTRAP_SAMPLES, bootstrap_interval, ratio_of_rates
 
 
-def main() -> None:
+@torch.no_grad()
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("drafts", nargs="+", help="trained drafts' directories (a run's draft/)")
     parser.add_argument("--domain", default="code")
@@ -39,11 +40,12 @@ def main() -> None:
     parser.add_argument("--gammas", type=int, nargs="+", default=[1, 2, 3])
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--random-tokens", action="store_true", help="also time the step costs on random tokens")
-    args = parser.parse_args()
+    parser.add_argument("--target", default=DEFAULT_TARGET, help="the target the drafts were trained for")
+    args = parser.parse_args(argv)
     if args.prompts < 2 or min(args.gammas) < 1:
         parser.error("need --prompts >= 2 and every gamma >= 1")
 
-    pair = load_pair(ModelSpec(path=DEFAULT_TARGET), ModelSpec(path=args.drafts[0], dtype=None, device=None))
+    pair = load_pair(ModelSpec(path=args.target), ModelSpec(path=args.drafts[0], dtype=None, device=None))
     decoders = {"AR": pair.decoder()}
     for number, path in enumerate(args.drafts):
         label = f"draft {number + 1}" if len(args.drafts) > 1 else "draft"
@@ -103,5 +105,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    torch.set_grad_enabled(False)
     main()

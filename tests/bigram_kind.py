@@ -1,6 +1,7 @@
-"""A toy third draft kind, written against the seam alone (decode/kinds/base.py): a learnable bigram table whose
-logits for the next token are the row of the previous token. No engine serves it; it trains, decodes exactly and
-exports its weights. tests/test_draft_kinds.py registers it with one line."""
+"""A toy draft kind, written against the seam alone (decode/kinds/base.py and the shared bases in
+decode/kinds/common/): a learnable bigram table whose logits for the next token are the row of the previous token.
+No engine serves it; it trains, decodes exactly and exports its weights. tests/test_draft_kinds.py registers it
+with one line."""
 
 from __future__ import annotations
 
@@ -16,10 +17,12 @@ from torch import nn
 
 from decode.errors import ExportMismatch, PairError
 from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
+from decode.export.record import DraftRecord
 from decode.files import published
 from decode.kinds.base import DraftKind, DraftStep, TrainingObjective
-from decode.kinds.independent.drafter import IndependentDrafter
+from decode.kinds.common.token_drafter import TokenDrafter
 from decode.models import ModelSpec, locate, resolve_dtype
+from decode.records import EngineCommands
 from decode.runner import CausalLMRunner
 
 NAME = "bigram"
@@ -120,7 +123,7 @@ class BigramKind(DraftKind):
         return BigramRunner(draft, vocab_size)
 
     def drafter(self, runner):
-        return IndependentDrafter(runner)  # a model of its own: it reads the tokens
+        return TokenDrafter(runner)  # a model of its own: it reads the tokens
 
     def starting_draft(self, pair, method, draft_vocabulary, seed):
         return copy.deepcopy(pair.draft).float().train()
@@ -145,5 +148,5 @@ class BigramKind(DraftKind):
         reread = load_bigram(str(staging / "draft"), trained.table.dtype, trained.table.device)
         if not torch.equal(reread.table, trained.table):
             raise ExportMismatch("the exported bigram table reads back with other weights")
-        return WrittenDraft({}, {"same_weights_hf": True}, {"draft_kind": NAME, "draft_vocab_size": None,
-                                                            "files": {}})
+        return WrittenDraft(EngineCommands(), {"same_weights_hf": True},
+                            DraftRecord(draft_kind=NAME, draft_vocab_size=None, files={}))

@@ -21,7 +21,7 @@ from decode.context import RunContext
 from decode.errors import ConfigError
 from decode.examples import Example
 from decode.export.gguf import write_gguf
-from decode.kinds.eagle3.features import target_features
+from decode.kinds.common.target_features import target_features
 from decode.models import ModelSpec, content_fingerprint, load_model, model_fingerprint, model_source
 from decode.pair import load_pair
 from decode.precision import FLOAT32

@@ -6,7 +6,7 @@ import torch
 from accelerate import Accelerator
 
 from decode.errors import ConfigError
-from decode.kinds.independent.pruned_head import prune_for_training
+from decode.kinds.common.pruned_head import prune_for_training
 from decode.tiny import tiny_llama
 from train.checkpoints import Checkpoints
 

@@ -100,10 +100,10 @@ def test_every_emitted_dflash_argument_is_one_the_engine_documents(tmp_path):
 
     flags = serving_flags(ServingTarget("org/target", "t.gguf"), tmp_path / "draft", tmp_path / "d.gguf", gamma=3)
     assert_documented(flags)
-    assert flags["vllm_speculative_config"] == {"method": "dflash", "model": str(tmp_path / "draft"),
+    assert flags.vllm_speculative_config == {"method": "dflash", "model": str(tmp_path / "draft"),
                                                 "num_speculative_tokens": 3}
-    sglang = flags["sglang"]
+    sglang = flags.sglang
     assert sglang[sglang.index("--speculative-algorithm") + 1] == "DFLASH"
     assert sglang[sglang.index("--speculative-num-draft-tokens") + 1] == "4"  # the anchor and 3 masks
-    llama = flags["llama_cpp"]
+    llama = flags.llama_cpp
     assert llama[llama.index("--spec-type") + 1] == "draft-dflash" and llama[llama.index("--spec-draft-n-max") + 1] == "3"

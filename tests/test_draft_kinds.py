@@ -1,4 +1,4 @@
-"""A third draft kind is one module (tests/bigram_kind.py) and one registry line: it trains, evaluates and exports
+"""A new draft kind is one module (tests/bigram_kind.py) and one registry line: it trains, evaluates and exports
 through the same pipeline, and the decoder samples exactly the target's distribution with it."""
 
 import json
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bigram_kind import BigramDraft, BigramKind
-from decode.kinds.registry import KINDS
+from decode.kinds.registry import register
 from decode.native import NativeLlamaRunner
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy, SpeculativeDecoder
@@ -15,12 +15,12 @@ from decode.tiny import tiny_llama
 from test_export import export_run
 from test_speculative_exactness import PROMPT, SAMPLES, VOCAB, chi_square_p_value, exact_distribution, one_thread
 
+BIGRAM = register(BigramKind())  # the one registry line
+
 
 @pytest.fixture
-def bigram(monkeypatch):
-    kind = BigramKind()
-    monkeypatch.setitem(KINDS, kind.name, kind)  # the one registry line
-    return kind
+def bigram():
+    return BIGRAM
 
 
 def test_a_bigram_draft_trains_evaluates_and_exports_through_the_pipeline(bigram, tmp_path):

@@ -20,8 +20,9 @@ from decode.kinds.eagle3.export import (load_sglang_head, layout_difference, log
 from decode.kinds.eagle3.gguf import write_eagle3_gguf
 from decode.export.engines import ServingTarget, write_serving_files
 from decode.export.gguf import write_gguf
-from decode.serving.llama_server import EAGLE3_SPEC_TYPE, ServerSpec
-from decode.kinds.eagle3.export import eagle3_engine_check
+from decode.serving.llama_server import ServerSpec
+from decode.kinds.common.hidden_state_head import head_engine_check
+from decode.kinds.eagle3.gguf import SPEC_TYPE as EAGLE3_SPEC_TYPE
 from decode.tiny import tiny_llama, tiny_tokenizer
 from tests.test_export import export_run
 
@@ -174,6 +175,6 @@ def test_llama_server_serves_the_heads_gguf_and_drafts(tmp_path, target, head, t
     arguments = spec.arguments(server_binary, port=1)
     assert arguments[arguments.index("--spec-type") + 1] == "draft-eagle3"
     prompts = [encode_chat(tokenizer, f"write a function number {i} that adds two numbers") for i in range(2)]
-    engine = eagle3_engine_check(spec, prompts, 12, tmp_path / "engine.log")
+    engine = head_engine_check(spec, prompts, 12, tmp_path / "engine.log")
     assert engine.prompts == 2 and engine.drafted > 0 and 0 <= engine.accepted <= engine.drafted
     assert "draft-eagle3" in (tmp_path / "engine.log").read_text()

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from accelerate import Accelerator
 
-import decode.kinds.eagle3.features
+import decode.kinds.common.target_features
 import decode.kinds.eagle3.kind
 from decode.config import DecodeConfig
 from decode.context import RunContext
@@ -20,7 +20,7 @@ from decode.results import TrainResult, load_result, save_result
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.config import DomainConfig, GenerateConfig
 from distill.data import DomainPrompts, Prompt, examples_from_records
-from decode.kinds.eagle3.features import capture_hidden_states, collate_with_target_hidden
+from decode.kinds.common.target_features import capture_hidden_states, collate_with_target_hidden
 from distill.generate import answer_prompts
 from distill.losses import masked_sum
 from distill.stage import target_answers
@@ -54,7 +54,7 @@ def featured_examples(pair):
                              3, seed=0, show_progress=False, top_k_logprobs=16)
     examples = examples_from_records(answers, 512)
     flat, offsets = capture_hidden_states(pair.target, [e.input_ids for e in examples], CAPTURE_LAYERS, 4)
-    features = decode.kinds.eagle3.features.TargetFeatures(flat, offsets, 0.0, None)
+    features = decode.kinds.common.target_features.TargetFeatures(flat, offsets, 0.0, None)
     return features.with_examples(examples)
 
 
@@ -330,7 +330,7 @@ def test_a_rerun_reuses_the_target_states(pair, answered, tmp_path, monkeypatch)
     def never(*args, **kwargs):
         raise AssertionError("the target's states were computed again")
 
-    monkeypatch.setattr(decode.kinds.eagle3.features, "capture_hidden_states", never)
+    monkeypatch.setattr(decode.kinds.common.target_features, "capture_hidden_states", never)
     again = run_train(stage_context(pair, tmp_path / "again"), method, DOMAIN, GENERATE, DECODE, PROMPTS)
     assert again.feature_seconds == first.feature_seconds and again.feature_tokens == first.feature_tokens
 

@@ -14,7 +14,7 @@ from decode.files import published
 from decode.records import AcceptanceFigures
 from decode.results import EvalResult
 from decode.export.engines import ServingTarget, write_serving_files
-from decode.kinds.independent.export import serving_flags
+from decode.kinds.common.model_draft_export import serving_flags
 from decode.export.formats import check_tokenizer, serving_copy
 from decode.tiny import tiny_llama, tiny_tokenizer
 
@@ -59,30 +59,31 @@ SPECULATIVE_METHODS = {"vllm": {"draft_model"}, "sglang": {"EAGLE", "EAGLE3", "N
                        "llama_cpp": {"draft-simple"}}
 
 
-def assert_documented(flags: dict) -> None:
+def assert_documented(flags) -> None:
     """Every engine's command in `flags` starts as the engine is run and passes only arguments it documents."""
     launcher = {"vllm": ["vllm", "serve", "org/target"], "sglang": ["python", "-m", "sglang.launch_server"],
                 "llama_cpp": ["llama-server"]}
     for engine, documented in DOCUMENTED_ARGUMENTS.items():
-        assert flags[engine][:len(launcher[engine])] == launcher[engine]
-        emitted = {arg for arg in flags[engine][len(launcher[engine]):] if arg.startswith("-")}
+        command = getattr(flags, engine)
+        assert command[:len(launcher[engine])] == launcher[engine]
+        emitted = {arg for arg in command[len(launcher[engine]):] if arg.startswith("-")}
         assert emitted <= documented, f"{engine}: {sorted(emitted - documented)} not documented"
 
 
 def test_every_emitted_engine_argument_is_one_the_engine_documents(tmp_path):
     flags = serving_flags(ServingTarget("org/target", "t.gguf"), tmp_path / "draft", tmp_path / "d.gguf", gamma=3)
     assert_documented(flags)
-    assert flags["vllm_speculative_config"]["method"] in SPECULATIVE_METHODS["vllm"]
-    assert flags["sglang"][flags["sglang"].index("--speculative-algorithm") + 1] in SPECULATIVE_METHODS["sglang"]
-    assert flags["llama_cpp"][flags["llama_cpp"].index("--spec-type") + 1] in SPECULATIVE_METHODS["llama_cpp"]
+    assert flags.vllm_speculative_config["method"] in SPECULATIVE_METHODS["vllm"]
+    assert flags.sglang[flags.sglang.index("--speculative-algorithm") + 1] in SPECULATIVE_METHODS["sglang"]
+    assert flags.llama_cpp_spec_type in SPECULATIVE_METHODS["llama_cpp"]
 
 
 def test_llama_cpp_gets_the_gamma_and_p_min_its_drafting_rule_calls_for_and_its_own_warning(tmp_path):
     flags = serving_flags(ServingTarget("org/target", "t.gguf"), tmp_path / "draft", tmp_path / "d.gguf", gamma=4,
                           llama_cpp_gamma=1, llama_cpp_p_min=0.35)
-    assert flags["vllm_speculative_config"]["num_speculative_tokens"] == 4
-    assert flags["llama_cpp"][flags["llama_cpp"].index("--spec-draft-n-max") + 1] == "1"
-    assert flags["llama_cpp"][flags["llama_cpp"].index("--spec-draft-p-min") + 1] == "0.35"
+    assert flags.vllm_speculative_config["num_speculative_tokens"] == 4
+    assert flags.llama_cpp[flags.llama_cpp.index("--spec-draft-n-max") + 1] == "1"
+    assert flags.llama_cpp[flags.llama_cpp.index("--spec-draft-p-min") + 1] == "0.35"
     write_serving_files(tmp_path / "serving", flags, engine_warnings={"llama_cpp": "llama.cpp: 0.30x: serve the target alone"})
     assert "WARNING: llama.cpp: 0.30x" in (tmp_path / "serving" / "llama_cpp.sh").read_text()
     assert "WARNING" not in (tmp_path / "serving" / "vllm.sh").read_text()
@@ -228,7 +229,7 @@ def export_run(tmp_path, stages, overrides=()):
 
 
 def test_a_failed_export_leaves_the_previous_one_intact(tmp_path, monkeypatch):
-    import decode.kinds.independent.export
+    import decode.kinds.common.model_draft_export
 
     export_run(tmp_path, ["generate", "train", "export"])
     export = tmp_path / "run" / "export"
@@ -238,7 +239,7 @@ def test_a_failed_export_leaves_the_previous_one_intact(tmp_path, monkeypatch):
     def broken(*args, **kwargs):
         raise OSError("disk full")
 
-    monkeypatch.setattr(decode.kinds.independent.export, "write_gguf", broken)
+    monkeypatch.setattr(decode.kinds.common.model_draft_export, "write_gguf", broken)
     with pytest.raises(OSError, match="disk full"):
         export_run(tmp_path, ["export"])
     assert {path.name: path.read_bytes() for path in export.rglob("*") if path.is_file()} == before
@@ -246,11 +247,11 @@ def test_a_failed_export_leaves_the_previous_one_intact(tmp_path, monkeypatch):
 
 
 def test_a_failed_round_trip_is_a_mismatch_not_a_configuration_error(tmp_path, monkeypatch):
-    import decode.kinds.independent.export
+    import decode.kinds.common.model_draft_export
     from decode.errors import ConfigError, ExportMismatch
 
     export_run(tmp_path, ["generate", "train"], ["export.gguf=false"])
-    real_load = decode.kinds.independent.export.load_model
+    real_load = decode.kinds.common.model_draft_export.load_model
 
     def perturbed(spec):  # the exported copy reads back with other weights
         model = real_load(spec)
@@ -260,7 +261,7 @@ def test_a_failed_round_trip_is_a_mismatch_not_a_configuration_error(tmp_path, m
                     parameter.add_(torch.randn_like(parameter))
         return model
 
-    monkeypatch.setattr(decode.kinds.independent.export, "load_model", perturbed)
+    monkeypatch.setattr(decode.kinds.common.model_draft_export, "load_model", perturbed)
     with pytest.raises(ExportMismatch, match="decodes differently") as error:
         export_run(tmp_path, ["export"], ["export.gguf=false"])
     assert not isinstance(error.value, ConfigError) and error.value.exit_code != ConfigError.exit_code
@@ -318,16 +319,16 @@ def test_a_retrained_draft_is_never_exported_with_the_previous_drafts_figures(tm
 def test_with_context_copies_the_engines_get_the_figures_of_the_draft_alone(tmp_path, monkeypatch):
     """Copies run only in this project's decoder: llama.cpp's gamma and the card's engine figures come from the
     eval's pass without them."""
-    import decode.kinds.independent.export
+    import decode.kinds.common.model_draft_export
 
     told = []
-    real = decode.kinds.independent.export.write_draft
+    real = decode.kinds.common.model_draft_export.write_draft
 
-    def recording(job, staging):
+    def recording(job, staging, kind):
         told.append(job.engine_acceptance.token_acceptance)
-        return real(job, staging)
+        return real(job, staging, kind)
 
-    monkeypatch.setattr(decode.kinds.independent.export, "write_draft", recording)
+    monkeypatch.setattr(decode.kinds.common.model_draft_export, "write_draft", recording)
     _, summary = export_run(tmp_path, ["generate", "train", "eval", "export"], ["decode.copy_ngram=1"])
     alone, after = summary["eval"]["draft_alone"], summary["eval"]["after"]
     assert alone["copied"] == 0 and after["copied"] > 0

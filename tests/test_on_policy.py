@@ -6,7 +6,6 @@ import copy
 import pytest
 import torch
 
-from decode import speculative
 from decode.models import make_runner
 from decode.pair import user_turn_template
 from decode.sampling import SamplingParams
@@ -94,7 +93,7 @@ def test_teacher_forced_labels_equal_the_top_k_that_generation_records(tiny_pair
 def test_prompt_labels_made_while_answering_equal_a_labelling_pass_of_their_own(tiny_pair, monkeypatch):
     """The prefill's forwards label the prompts' tokens from where each is asked to (in chunks of positions, several
     here): the top-k that a teacher-forced pass over the prompts gives, and the same answers as without labels."""
-    monkeypatch.setattr(speculative, "LABEL_LOGITS_ELEMENTS", 3 * 4 * tiny_pair.vocab_size)  # 3 positions a chunk
+    monkeypatch.setattr("decode.prefill.LABEL_LOGITS_ELEMENTS", 3 * 4 * tiny_pair.vocab_size)  # 3 positions a chunk
     runner, prompt_ids = tiny_pair.target_runner(), tiny_pair.encode_chat(PROMPTS)
     template = user_turn_template(tiny_pair.tokenizer)[0]
     starts = prompt_label_starts(prompt_ids + prompt_ids[:1], template)

@@ -180,20 +180,20 @@ def test_an_earlier_export_or_an_empty_directory_is_replaced_only_with_overwrite
 @pytest.mark.slow
 def test_of_two_exports_to_one_new_directory_at_once_the_later_is_refused_and_the_first_kept(tmp_path,
                                                                                               monkeypatch):
-    import decode.kinds.independent.export as independent_export
+    import decode.kinds.common.model_draft_export as model_draft_export
 
     run_dir, destination = tmp_path / "run", tmp_path / "shipped"
     run_pipeline(run_dir, ["generate", "train"])
-    real_write_draft = independent_export.write_draft
+    real_write_draft = model_draft_export.write_draft
     landed = {}
 
-    def another_export_meanwhile(job, staging):
-        monkeypatch.setattr(independent_export, "write_draft", real_write_draft)
+    def another_export_meanwhile(job, staging, kind):
+        monkeypatch.setattr(model_draft_export, "write_draft", real_write_draft)
         run_pipeline(run_dir, ["export"], f"export.dir={destination}")  # lands while this one is being made
         landed["inode"] = destination.stat().st_ino
-        return real_write_draft(job, staging)
+        return real_write_draft(job, staging, kind)
 
-    monkeypatch.setattr(independent_export, "write_draft", another_export_meanwhile)
+    monkeypatch.setattr(model_draft_export, "write_draft", another_export_meanwhile)
     with pytest.raises(ExportError, match="^" + re.escape(f"{destination} was written by another export while this "
                                                           f"one was made; nothing was replaced")):
         run_pipeline(run_dir, ["export"], f"export.dir={destination}")

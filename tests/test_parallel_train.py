@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from decode.errors import ConfigError, PairError
-from decode.kinds.parallel.mask_token import make_parallel, pard_token, unused_special_token
+from decode.kinds.common.mask_token import unused_special_token
+from decode.kinds.parallel.mask_token import make_parallel, pard_token
 from decode.kinds.parallel.objective import ParallelObjective
 from decode.kinds.registry import KINDS, kind_for
 from decode.models import ModelSpec, load_model
@@ -85,13 +86,12 @@ def test_impossible_parallel_settings_stop_before_any_work(settings, message):
 
 
 def test_vllm_is_told_to_draft_a_parallel_draft_in_parallel(tmp_path):
-    from decode.serving.vllm_server import VllmSpec
+    from decode.serving.vllm_server import VllmSpec, vllm_draft_settings
 
-    draft = tiny_llama(40, num_layers=1)
-    draft.save_pretrained(tmp_path / "plain")
-    make_parallel(draft, 39)
-    draft.save_pretrained(tmp_path / "parallel")
-    assert "parallel_drafting" not in VllmSpec("target", str(tmp_path / "plain")).speculative_config()
-    assert VllmSpec("target", str(tmp_path / "parallel")).speculative_config() == {
+    plain = KINDS["causal_lm"].vllm_speculative_config(str(tmp_path / "plain"), 3)
+    parallel = KINDS["parallel"].vllm_speculative_config(str(tmp_path / "parallel"), 3)
+    assert "parallel_drafting" not in VllmSpec("target", str(tmp_path / "plain"),
+                                               **vllm_draft_settings(plain)).speculative_config()
+    assert VllmSpec("target", str(tmp_path / "parallel"), **vllm_draft_settings(parallel)).speculative_config() == {
         "method": "draft_model", "model": str(tmp_path / "parallel"), "num_speculative_tokens": 3,
         "parallel_drafting": True}

@@ -1,4 +1,4 @@
-"""A pruned draft trains its kept tokens' rows as a parameter of their own (decode/kinds/independent/pruned_head.py):
+"""A pruned draft trains its kept tokens' rows as a parameter of their own (decode/kinds/common/pruned_head.py):
 the same logits and the same gradient on those rows as the whole tied table gave, the other tokens' rows untouched,
 and the full table back in place, trained rows written in, for decoding and saving."""
 
@@ -7,8 +7,8 @@ import copy
 import pytest
 import torch
 
-from decode.kinds.independent.objective import NextTokenObjective
-from decode.kinds.independent.pruned_head import KeptRowsEmbedding, KeptRowsHead
+from decode.kinds.common.next_token_objective import NextTokenObjective
+from decode.kinds.common.pruned_head import KeptRowsEmbedding, KeptRowsHead
 from decode.tiny import tiny_llama
 
 VOCAB = 96

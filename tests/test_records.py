@@ -3,7 +3,8 @@
 import json
 
 from decode.export.record import ExportRecord, serving_step_costs_of
-from decode.records import AcceptanceFigures, EngineCheck, EngineFigures, RuleFigures, ServingStepCosts, StepCostFigures
+from decode.records import (AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, RuleFigures,
+                            ServingStepCosts, StepCostFigures)
 from decode.results import EvalResult, ExportResult, load_result, save_result
 
 
@@ -91,7 +92,8 @@ def test_acceptance_figures_saved_with_one_rate_by_position_get_both():
 
 def test_export_json_reads_back_with_its_serving_step_costs():
     result = ExportResult(draft_fingerprint="abc", export_path="/tmp/export", gamma=2, evaluated=True,
-                          flags={"vllm": ["vllm", "serve"]}, round_trip={"alpha_hf": 0.5, "engine": {"skipped": "no"}})
+                          flags=EngineCommands(vllm=["vllm", "serve"]),
+                          round_trip={"alpha_hf": 0.5, "engine": {"skipped": "no"}})
     written = ExportRecord(result=result, worth_serving=True,
                            step_costs=ServingStepCosts(engine="decoder", gamma=2, c=0.2, v={1: 1.1, 2: 1.2}),
                            draft_kind="causal_lm", draft_vocab_size=None, files={"vllm": "draft"})

@@ -21,7 +21,7 @@ from decode.engine_rules import llama_cpp_figures
 from decode.records import AcceptanceFigures, EngineCheck, RuleFigures
 from decode.serving.engine_costs import EngineCosts
 from decode.export.engines import ServingTarget, write_serving_files
-from decode.kinds.independent.export import serving_flags
+from decode.kinds.common.model_draft_export import serving_flags
 from decode.export.gguf import write_gguf
 from decode.serving.llama_cpp_build import cmake_args
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary, free_port

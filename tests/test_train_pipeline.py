@@ -22,7 +22,7 @@ from train import config as train_config
 from decode.tracking import LoggerConfig, Tracker
 from train.config import MethodConfig
 from train.pipeline import run_directory, validate
-from decode.kinds.independent.objective import NextTokenObjective
+from decode.kinds.common.next_token_objective import NextTokenObjective
 from train.recipe import DistillationRecipe
 
 ROOT = Path(__file__).resolve().parents[1]

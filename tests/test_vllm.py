@@ -14,9 +14,11 @@ from decode.export.engines import ServingTarget, vllm_args, write_serving_files
 from decode.export.vllm_check import token_acceptance, vllm_check
 from decode.files import point_symlink
 from decode.models import ModelSpec
+from decode.records import EngineCommands
 from decode.pair import load_pair
 from decode.serving.process import ServerError, ServerProcess
-from decode.serving.vllm_server import SpecDecodeCounts, VllmServer, VllmSpec, find_python, spec_decode_counts
+from decode.serving.vllm_server import (SpecDecodeCounts, VllmServer, VllmSpec, find_python, spec_decode_counts,
+                                        vllm_draft_settings)
 from decode.tiny import tiny_llama, tiny_tokenizer
 from eval.harness.closed_loop import ClosedLoopCommand, LoopConfig, run_loop
 from eval.harness.replay import ReplayPhase
@@ -132,11 +134,13 @@ def test_vllm_drafts_a_parallel_draft_in_one_forward_a_round_as_our_decoder_does
     make_parallel(draft, models["tokenizer"].pad_token_id)
     draft.save_pretrained(tmp_path / "parallel" / "draft")
     models["tokenizer"].save_pretrained(tmp_path / "parallel" / "draft")
-    spec = VllmSpec(str(models["target"]), str(tmp_path / "parallel" / "draft"), gamma=GAMMA, enforce_eager=True)
-    assert spec.speculative_config()["parallel_drafting"] is True
     pair = load_pair(ModelSpec(path=str(models["target"]), dtype="float32", device="cpu"),
                      ModelSpec(path=str(tmp_path / "parallel" / "draft"), dtype="float32", device="cpu"))
     assert pair.kind.name == "parallel"
+    served = str(tmp_path / "parallel" / "draft")
+    spec = VllmSpec(str(models["target"]), served, gamma=GAMMA, enforce_eager=True,
+                    **vllm_draft_settings(pair.kind.vllm_speculative_config(served, GAMMA)))
+    assert spec.speculative_config()["parallel_drafting"] is True
     ids = prompts(models["tokenizer"])
     check = vllm_check(spec, ids, 24, tmp_path / "check", pair.decoder())
     assert check.skipped is None and check.same_tokens_as_target_alone is True
@@ -204,8 +208,8 @@ class ServingScript(ServerProcess):
 
 def test_the_emitted_vllm_script_serves_the_draft_with_the_cpu_build(tmp_path, models, vllm_python, monkeypatch):
     config = {"method": "draft_model", "model": str(models["same"] / "draft"), "num_speculative_tokens": GAMMA}
-    write_serving_files(tmp_path / "serving", {"vllm": vllm_args(ServingTarget(str(models["target"]), None), config),
-                                               "vllm_speculative_config": config})
+    write_serving_files(tmp_path / "serving", EngineCommands(
+        vllm_speculative_config=config, vllm=vllm_args(ServingTarget(str(models["target"]), None), config)))
     monkeypatch.setenv("VLLM_PYTHON", vllm_python)
     # the CPU build's own default asks for 92% of the machine's memory (docs/serving.md says to set this)
     monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")

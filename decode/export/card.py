@@ -39,18 +39,18 @@ def model_card(record: ExportRecord, kind, evaluated: EvalResult | None, trained
         + (f", LoRA r={method['lora']['r']} (merged)" if method.get("lora") else ""),
         *kind.card_lines(record), *_eval_lines(evaluated, record.result.gamma), "",
         "## Serving", ""]
-    if not flags:  # a kind no engine serves: its weights are for this project's decoder
+    if not flags.engines:  # a kind no engine serves: its weights are for this project's decoder
         lines += [f"No engine serves this kind of draft ({record.draft_kind}): `draft/` holds its weights for "
                   f"this project's decoder (pair.draft.path=<this directory>/draft).", ""]
     else:
         lines += [_files_line(record.files), ""]
-    if "vllm" in flags:
-        lines += ["vLLM:", "", "```", _command(flags["vllm"]), "```", ""]
+    if flags.vllm is not None:
+        lines += ["vLLM:", "", "```", _command(flags.vllm), "```", ""]
         lines += _vllm_lines(record.result.vllm_check)
-    if "sglang" in flags:
-        lines += ["SGLang:", "", "```", _command(flags["sglang"]), "```", ""]
-    if "llama_cpp" in flags:
-        lines += ["llama.cpp:", "", "```", _command(flags["llama_cpp"]), "```", ""]
+    if flags.sglang is not None:
+        lines += ["SGLang:", "", "```", _command(flags.sglang), "```", ""]
+    if flags.llama_cpp is not None:
+        lines += ["llama.cpp:", "", "```", _command(flags.llama_cpp), "```", ""]
         lines += _engine_lines(record.result.engine_check)
     lines += kind.card_notes(record)
     command_line = _command(redact_argument(argument) for argument in sys.argv)

@@ -1,5 +1,5 @@
 """The serving engines' speculative-decoding commands for an exported draft: vLLM, SGLang, llama.cpp; each draft
-kind says which engines serve it and how (decode/kinds/*/export.py: serving_flags).
+kind says which engines serve it and how (its export's EngineCommands).
 
 Every server described here listens on loopback; put a proxy in front to expose it.
 """
@@ -10,6 +10,8 @@ import json
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
+
+from decode.records import EngineCommands
 
 
 @dataclass
@@ -47,7 +49,7 @@ def llama_cpp_args(target: ServingTarget, draft_gguf: Path, spec_type: str, gamm
             "--metrics"]
 
 
-def write_serving_files(directory: Path, flags: dict, warning: str | None = None,
+def write_serving_files(directory: Path, commands: EngineCommands, warning: str | None = None,
                         engine_warnings: dict[str, str] | None = None) -> None:
     """vllm.json (the --speculative-config value) and one executable launch script per engine; a warning
     (the draft measured slower than the target alone) heads every script and lands in NOT_WORTH_SERVING;
@@ -57,19 +59,19 @@ def write_serving_files(directory: Path, flags: dict, warning: str | None = None
     $LLAMA_SERVER when set (the serving extra installs the binary inside its package, not on PATH), and vllm.sh runs
     vLLM with $VLLM_PYTHON when set (`make vllm`'s environment), else `vllm serve`."""
     directory.mkdir(parents=True, exist_ok=True)
-    if "vllm_speculative_config" in flags:
-        (directory / "vllm.json").write_text(json.dumps(flags["vllm_speculative_config"], indent=2) + "\n")
-    for engine in ("vllm", "sglang", "llama_cpp"):
-        if engine in flags:
-            script = directory / f"{engine}.sh"
-            header = "".join(f"# WARNING: {line}\n" for line in (warning, (engine_warnings or {}).get(engine)) if line)
-            command = shlex.join(flags[engine])
-            if engine == "llama_cpp":
-                command = '"${LLAMA_SERVER:-llama-server}"' + command.removeprefix("llama-server")
-            if engine == "vllm":
-                header += ('[ -n "$VLLM_PYTHON" ] && exec "$VLLM_PYTHON" ' + shlex.join(vllm_module_args(flags[engine]))
-                           + ' "$@"\n')
-            script.write_text("#!/bin/sh\n" + header + "exec " + command + ' "$@"\n')
-            script.chmod(0o755)
+    if commands.vllm_speculative_config is not None:
+        (directory / "vllm.json").write_text(json.dumps(commands.vllm_speculative_config, indent=2) + "\n")
+    for engine in commands.engines:
+        arguments = getattr(commands, engine)
+        script = directory / f"{engine}.sh"
+        header = "".join(f"# WARNING: {line}\n" for line in (warning, (engine_warnings or {}).get(engine)) if line)
+        command = shlex.join(arguments)
+        if engine == "llama_cpp":
+            command = '"${LLAMA_SERVER:-llama-server}"' + command.removeprefix("llama-server")
+        if engine == "vllm":
+            header += ('[ -n "$VLLM_PYTHON" ] && exec "$VLLM_PYTHON" ' + shlex.join(vllm_module_args(arguments))
+                       + ' "$@"\n')
+        script.write_text("#!/bin/sh\n" + header + "exec " + command + ' "$@"\n')
+        script.chmod(0o755)
     if warning:
         (directory / "NOT_WORTH_SERVING").write_text(warning + "\n")

@@ -11,7 +11,8 @@ from decode.config import DecodeConfig, ExportConfig
 from decode.export.engines import ServingTarget
 from decode.export.formats import check_tokenizer
 from decode.models import ModelSpec
-from decode.records import AcceptanceFigures, EngineCheck, EngineFigures
+from decode.export.record import DraftRecord
+from decode.records import AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures
 
 
 @dataclass
@@ -44,9 +45,9 @@ class ExportJob:
 
 @dataclass
 class WrittenDraft:
-    flags: dict  # the engines' settings
-    checks: dict  # the round trip
-    record: dict  # what export.json says of this kind of draft (ExportRecord's draft_kind, files, ...)
+    flags: EngineCommands  # how the engines serve it
+    checks: dict  # the round trip: each read-back check's figure
+    record: DraftRecord  # what export.json says of the draft
     engine: EngineCheck | None = None  # None: not checked (export.engine_check=false, no GGUF)
 
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
+from decode.errors import ConfigError
 from decode.records import ServingStepCosts
 from decode.results import ExportResult
 
@@ -19,25 +20,29 @@ EARLIER_FIELDS = {"draft_fingerprint", "export_path", "round_trip", "draft_kind"
 
 
 @dataclass(kw_only=True)
-class ExportRecord:
-    """The stage's result (paths, gamma, flags, read-back checks), whether the eval found the draft worth serving,
-    the serving engine's step costs, and what the export holds of this kind of draft."""
+class DraftRecord:
+    """What export.json says of the exported draft itself, as its kind's export writes it."""
+
+    draft_kind: str  # a name in decode/kinds/registry.py
+    draft_vocab_size: Optional[int]  # None: the full vocabulary
+    files: dict[str, str]  # engine -> its file or directory in the export
+    kind_fields: Optional[dict] = None  # what the kind adds (export.json's entry under the kind's name)
+
+
+@dataclass(kw_only=True)
+class ExportRecord(DraftRecord):
+    """The stage's result (paths, gamma, engine commands, read-back checks), whether the eval found the draft worth
+    serving, the serving engine's step costs, and what the export holds of the draft (DraftRecord)."""
 
     result: ExportResult
     worth_serving: Optional[bool]  # None: exported without an eval of this draft
     step_costs: Optional[ServingStepCosts]
-    draft_kind: str  # a name in decode/kinds/registry.py
-    draft_vocab_size: Optional[int]  # None: the full vocabulary
-    files: dict[str, str]  # engine -> its file or directory in the export
-    eagle3: Optional[dict] = None  # an EAGLE-3 head's capture layers and formats
-    dflash: Optional[dict] = None  # a DFlash head's layers, block and mask token
 
     def to_json(self) -> dict:
         return {"format": FORMAT, **self.result.to_json(), "worth_serving": self.worth_serving,
                 "step_costs": self.step_costs.to_json() if self.step_costs else None, "draft_kind": self.draft_kind,
                 "draft_vocab_size": self.draft_vocab_size, "files": self.files,
-                **({"eagle3": self.eagle3} if self.eagle3 is not None else {}),
-                **({"dflash": self.dflash} if self.dflash is not None else {})}
+                **({self.draft_kind: self.kind_fields} if self.kind_fields is not None else {})}
 
     @classmethod
     def from_json(cls, data: dict) -> ExportRecord:
@@ -45,7 +50,17 @@ class ExportRecord:
         return cls(result=result, worth_serving=data["worth_serving"],
                    step_costs=serving_step_costs_of(data),
                    draft_kind=data["draft_kind"], draft_vocab_size=data["draft_vocab_size"], files=data["files"],
-                   eagle3=data.get("eagle3"), dflash=data.get("dflash"))
+                   kind_fields=data.get(data["draft_kind"]))
+
+
+def read_export_record(directory: Path) -> ExportRecord:
+    """The export.json of the export in `directory`; ConfigError where there is none to read."""
+    path = Path(directory) / RECORD_FILE
+    try:
+        return ExportRecord.from_json(json.loads(path.read_text(encoding="utf-8")))
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ConfigError(f"{directory} has no readable {RECORD_FILE} ({error}): give the directory a "
+                          f"`python -m train` export wrote") from None
 
 
 def serving_step_costs_of(data: dict) -> Optional[ServingStepCosts]:

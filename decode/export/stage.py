@@ -1,7 +1,7 @@
 """The export stage: the trained draft as a serving directory, checked by reading it back before it lands.
 
 Each draft kind writes its own files (DraftKind.export, decode/kinds/), e.g. for a draft model of its own
-(pair.draft.kind=causal_lm; decode/kinds/independent/export.py):
+(pair.draft.kind=causal_lm; decode/kinds/common/model_draft_export.py):
 
     <export>/draft/          HF safetensors + config + the target's tokenizer (vLLM, SGLang)
     <export>/draft.gguf      the same weights for llama.cpp (-md)
@@ -47,7 +47,7 @@ from decode.pair import load_draft
 from decode.records import EngineCheck, ServingStepCosts, VllmCheck
 from decode.results import (ENGINE_CHECK, RESULTS_DIR, VLLM_CHECK, EvalResult, ExportResult, GenerateResult,
                             TrainResult)
-from decode.serving.vllm_server import VllmSpec
+from decode.serving.vllm_server import VllmSpec, vllm_draft_settings
 
 log = logging.getLogger(__name__)
 
@@ -148,12 +148,12 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
         warning = evaluated.verdict if evaluated else None
         write_serving_files(staging / "serving", written.flags, warning, engine_warnings(job.engines, engine))
         checks = {**written.checks, **({ENGINE_CHECK: engine.to_json()} if engine else {})}
-        if settings.vllm_check and "vllm" in written.record.get("files", {}):
+        if settings.vllm_check and "vllm" in written.record.files:
             checks[VLLM_CHECK] = served_by_vllm(job, staging, written).to_json()
         result = ExportResult(draft_fingerprint=draft_fingerprint, export_path=str(destination), gamma=job.gamma,
                               evaluated=evaluated is not None, flags=written.flags, round_trip=checks)
         record = ExportRecord(result=result, worth_serving=warning is None if evaluated else None,
-                              step_costs=serving_step_costs(evaluated, engine, job.gamma), **written.record)
+                              step_costs=serving_step_costs(evaluated, engine, job.gamma), **vars(written.record))
         (staging / RECORD_FILE).write_text(json.dumps(record.to_json(), indent=2) + "\n")
         (staging / "README.md").write_text(model_card(record, kind, evaluated, trained, generated, config))
     return result
@@ -162,9 +162,8 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
 def served_by_vllm(job: ExportJob, staging: Path, written) -> VllmCheck:
     """The staged draft/ served by vLLM beside the target alone on the verify prompts (decode/export/vllm_check.py);
     an ExportMismatch when vLLM refuses it or drafts nothing."""
-    method = written.flags["vllm_speculative_config"]["method"]
-    spec = VllmSpec(job.target.hf_path, str(staging / written.record["files"]["vllm"]), method=method,
-                    gamma=job.gamma)
+    spec = VllmSpec(job.target.hf_path, str(staging / written.record.files["vllm"]),
+                    **vllm_draft_settings(written.flags.vllm_speculative_config), gamma=job.gamma)
     draft = load_draft(job.ctx.pair.target, job.ctx.pair.tokenizer, job.draft_spec)[0]
     check = vllm_check(spec, job.verify_ids, job.max_new_tokens, job.ctx.run_dir / "vllm_check",
                        job.ctx.pair.decoder(draft))

@@ -1,14 +1,16 @@
 """The seam every draft kind implements: what the pipeline, the decoder, the step costs, the train stage, the
 export and the harnesses ask of a draft instead of testing its type.
 
-A kind is one module (or package) under decode/kinds/ and one line in decode/kinds/registry.py. Its hooks take
-the run's context and the method's settings as they come (decode.context.RunContext, train.config.MethodConfig):
-this floor imports nothing above decode.
+A kind is one folder under decode/kinds/ and one line in decode/kinds/registry.py; it builds on this module and
+the shared bases in decode/kinds/common/, never on another kind. Its hooks take the run's context and the
+method's settings as they come (decode.context.RunContext, train.config.MethodConfig): this floor imports nothing
+above decode.
 """
 
 from __future__ import annotations
 
 import abc
+import json
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +24,28 @@ from decode.drafting import Drafter
 from decode.examples import Example, collate
 from decode.export.job import ExportJob, WrittenDraft
 from decode.export.record import ExportRecord
-from decode.models import ModelSpec
+from decode.errors import PairError
+from decode.models import ModelSpec, locate
+from decode.serving.llama_server import DRAFT_SPEC_TYPE
+
+
+def model_directory(spec: ModelSpec) -> str | None:
+    """The local directory spec.path names (itself, or an export's draft/), else None (a hub id, a GGUF file,
+    nothing)."""
+    if not spec.path or spec.path.endswith(".gguf") or "://" in spec.path:
+        return None
+    try:
+        directory, _ = locate(spec)
+    except PairError:
+        return None
+    return directory if Path(directory).is_dir() else None
+
+
+def written_config(spec: ModelSpec) -> dict:
+    """The config.json of the directory spec.path names ({} where there is none)."""
+    directory = model_directory(spec)
+    config = Path(directory, "config.json") if directory else None
+    return json.loads(config.read_text()) if config is not None and config.is_file() else {}
 
 
 @dataclass
@@ -82,14 +105,20 @@ class DraftKind(abc.ABC):
     name: str  # the value of pair.draft.kind
     title: str  # what a summary calls a draft of this kind ("" for the plain draft model)
     gguf_runs_alone = True  # llama-bench can time its GGUF without the target
+    # the general.architecture of its GGUF where llama.cpp drafts with it by a --spec-type of its own (a head), and
+    # that --spec-type (decode/serving/llama_server.py HEAD_SPEC_TYPES)
+    gguf_architecture: str | None = None
+    llama_cpp_spec_type: str = DRAFT_SPEC_TYPE
 
     # ---- loading and checks --------------------------------------------------------------------------
     @abc.abstractmethod
     def holds(self, draft: nn.Module) -> bool:
-        """Whether `draft` is a model of this kind."""
+        """Whether `draft` is a model of this kind: by a mark only this kind gives its drafts (no two kinds hold
+        one draft)."""
 
     def found_at(self, spec: ModelSpec) -> bool:
-        """Whether spec.path holds a draft of this kind by its files (whatever pair.draft.kind says)."""
+        """Whether spec.path holds a draft of this kind by the marks its files carry (whatever pair.draft.kind
+        says; no two kinds find one draft)."""
         return False
 
     @abc.abstractmethod
@@ -145,6 +174,10 @@ class DraftKind(abc.ABC):
     @abc.abstractmethod
     def export(self, job: ExportJob, staging: Path) -> WrittenDraft:
         """Writes the serving files of job's draft in `staging`, read back and checked."""
+
+    def vllm_speculative_config(self, draft_dir: str, gamma: int) -> dict | None:
+        """vLLM's --speculative-config for a draft of this kind in draft_dir (None: vLLM does not serve it)."""
+        return None
 
     def card_lines(self, record: ExportRecord) -> list[str]:
         """The model card's lines on the draft (record: export.json)."""

@@ -1,4 +1,4 @@
-"""The draft kinds by the name pair.draft.kind gives them: adding a kind is its module and one line here."""
+"""The draft kinds by the name pair.draft.kind gives them: adding a kind is its folder and one `register` line here."""
 
 from __future__ import annotations
 
@@ -11,13 +11,27 @@ from decode.kinds.eagle3.kind import Eagle3Kind
 from decode.kinds.independent.kind import IndependentKind
 from decode.kinds.parallel.kind import ParallelKind
 from decode.models import ModelSpec
+from decode.serving.llama_server import HEAD_SPEC_TYPES
 
-KINDS: dict[str, DraftKind] = {
-    "causal_lm": IndependentKind(),
-    "eagle3": Eagle3Kind(),
-    "parallel": ParallelKind(),
-    "dflash": DFlashKind(),
-}
+KINDS: dict[str, DraftKind] = {}
+
+
+def register(kind: DraftKind) -> DraftKind:
+    """Makes `kind` the one pair.draft.kind=<kind.name> names, and tells llama-server's launcher its GGUF's
+    --spec-type; registering it again changes nothing."""
+    known = KINDS.get(kind.name)
+    if known is not None and type(known) is not type(kind):
+        raise ValueError(f"a draft kind named {kind.name!r} is registered already: {type(known).__name__}")
+    KINDS[kind.name] = kind
+    if kind.gguf_architecture is not None:
+        HEAD_SPEC_TYPES[kind.gguf_architecture] = kind.llama_cpp_spec_type
+    return kind
+
+
+register(IndependentKind())
+register(Eagle3Kind())
+register(ParallelKind())
+register(DFlashKind())
 
 
 def kind_named(name: str) -> DraftKind:
@@ -27,19 +41,23 @@ def kind_named(name: str) -> DraftKind:
 
 
 def kind_for(spec: ModelSpec) -> DraftKind:
-    """The kind of the draft spec names: the one its files say (a head at pair.draft.path loads as a head
+    """The kind of the draft spec names: the one its files mark (a head at pair.draft.path loads as a head
     whatever pair.draft.kind says), else pair.draft.kind's."""
     configured = kind_named(spec.kind)
-    if spec.path:
-        for kind in KINDS.values():
-            if kind.found_at(spec):
-                return kind
-    return configured
+    if not spec.path:
+        return configured
+    return the_one([kind for kind in KINDS.values() if kind.found_at(spec)], spec.path) or configured
 
 
 def kind_of(draft: nn.Module) -> DraftKind:
-    """The kind of a loaded draft."""
-    for kind in KINDS.values():
-        if kind.holds(draft):
-            return kind
-    raise PairError(f"no draft kind holds a {type(draft).__name__}; the kinds are {tuple(KINDS)}")
+    """The kind of a loaded draft: the one that holds it."""
+    kind = the_one([kind for kind in KINDS.values() if kind.holds(draft)], f"a {type(draft).__name__}")
+    if kind is None:
+        raise PairError(f"no draft kind holds a {type(draft).__name__}; the kinds are {tuple(KINDS)}")
+    return kind
+
+
+def the_one(kinds: list[DraftKind], what: str) -> DraftKind | None:
+    if len(kinds) > 1:
+        raise PairError(f"{what} is marked as a draft of each of the kinds {[kind.name for kind in kinds]}")
+    return kinds[0] if kinds else None

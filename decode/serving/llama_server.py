@@ -29,10 +29,11 @@ INSTALL_HINT = ("install the serving extra: CMAKE_ARGS=\"$(python -m decode.serv
 # what llama-server (b11434) logs when it will not use the draft
 DRAFT_REFUSALS = ("the target and draft vocabs are not compatible", "failed to initialize speculative decoding",
                   "failed to load draft model")
-# --spec-type (b11434): a draft model of its own, or an EAGLE-3 head over the target's hidden states
+# --spec-type (b11434) of a draft model of its own
 DRAFT_SPEC_TYPE = "draft-simple"
-EAGLE3_SPEC_TYPE = "draft-eagle3"
-DFLASH_SPEC_TYPE = "draft-dflash"
+# general.architecture -> the --spec-type a draft GGUF of it needs where that is not draft-simple (a head over the
+# target's hidden states), as the draft kinds register them (decode/kinds/registry.py)
+HEAD_SPEC_TYPES: dict[str, str] = {}
 # a request's fields that make llama-server sample as decode/sampling.py does: temperature, top-k and top-p and no
 # other sampler (its default chain adds min_p 0.05 and applies the temperature after top-p)
 AS_DECODE_SAMPLES = {"min_p": 0.0, "samplers": ["top_k", "temperature", "top_p"]}
@@ -60,9 +61,8 @@ class ServerSpec:
 
 
 def draft_spec_type(draft_gguf: str) -> str:
-    """The --spec-type a draft file needs. An EAGLE-3 head needs draft-eagle3 (a DFlash head draft-dflash): given as
-    draft-simple, llama-server (b11434) loads it without a word and drafts from inputs the head never reads in
-    training."""
+    """The --spec-type a draft file needs: a head's own (HEAD_SPEC_TYPES), for given as draft-simple, llama-server
+    (b11434) loads it without a word and drafts from inputs the head never reads in training."""
     from gguf import GGUFReader
 
     try:
@@ -70,7 +70,7 @@ def draft_spec_type(draft_gguf: str) -> str:
     except (ValueError, OSError):  # not a GGUF file: llama-server's own refusal says so
         return DRAFT_SPEC_TYPE
     architecture = field.contents() if field is not None else None
-    return {"eagle3": EAGLE3_SPEC_TYPE, "dflash": DFLASH_SPEC_TYPE}.get(architecture, DRAFT_SPEC_TYPE)
+    return HEAD_SPEC_TYPES.get(architecture, DRAFT_SPEC_TYPE)
 
 
 @dataclass

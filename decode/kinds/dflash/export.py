@@ -12,14 +12,15 @@ from pathlib import Path
 import torch
 
 from decode.errors import ExportMismatch
-from decode.export.engine_check import missing_server, served_draft_counts
 from decode.export.engines import ServingTarget, llama_cpp_args, vllm_args
 from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
-from decode.kinds.dflash.gguf import CHECK_TOLERANCE, gguf_reference, read_dflash_gguf, write_dflash_gguf
+from decode.export.record import DraftRecord
+from decode.kinds.common.hidden_state_head import head_engine_check, staged_gguf
+from decode.kinds.dflash.gguf import CHECK_TOLERANCE, SPEC_TYPE, gguf_reference, read_dflash_gguf, write_dflash_gguf
 from decode.kinds.dflash.head import DFlashHead, load_head, save_head_files
-from decode.records import EngineCheck
+from decode.records import EngineCommands
 from decode.sampling import SamplingParams
-from decode.serving.llama_server import DFLASH_SPEC_TYPE, ServerSpec
+from decode.serving.llama_server import ServerSpec
 
 ENGINE_COSTS = "not measured (llama-bench cannot run a DFlash draft without its target)"
 # SGLang 0.5.23 drafts a DFlash block through the target's output matrix (srt/models/dflash.py), and neither reads
@@ -104,15 +105,12 @@ def round_trip(pair, written: dict[str, tuple[DFlashHead, DFlashHead, str, float
     return checks
 
 
-def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
+def write_draft(job: ExportJob, staging: Path, kind_name: str) -> WrittenDraft:
     ctx, settings = job.ctx, job.settings
     head: DFlashHead = ctx.load_trained_draft()
     save_head_files(head, staging / "draft", verifier=job.target.hf_path)
     save_target_tokenizer(ctx, staging / "draft")  # so that pair.draft.path=<export> finds the target's tokens
-    gguf_path = None
-    if settings.gguf:
-        gguf_path = write_dflash_gguf(head, ctx.pair.tokenizer, staging / "draft.gguf",
-                                      tokenizer_source_gguf=job.target_gguf, outtype=settings.gguf_type)
+    gguf_path = staged_gguf(job, head, staging, write_dflash_gguf)
     checks, engine = {}, None
     if settings.verify_prompts:
         parameter = next(head.parameters())
@@ -125,15 +123,16 @@ def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
                             job.decode.gamma_policy(dynamic=False), job.draft_spec.path)
         if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
             spec = ServerSpec(str(job.target_gguf), str(gguf_path), gamma=min(job.decode.gamma, head.config.block_size - 1),
-                              spec_type=DFLASH_SPEC_TYPE)
-            engine = dflash_engine_check(spec, job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log")
+                              spec_type=SPEC_TYPE)
+            engine = head_engine_check(spec, job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log")
     sglang_skipped = SGLANG_NEEDS_THE_TARGETS_HEAD if head.lm_head is not None else None
     flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
                           min(job.gamma, head.config.block_size - 1), sglang=sglang_skipped is None)
     files = {"vllm": "draft", **({"sglang": "draft"} if sglang_skipped is None else {}),
              **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
-    return WrittenDraft(flags, checks, {"draft_kind": "dflash", "draft_vocab_size": head.config.draft_vocab_size,
-                                        "files": files, "dflash": dflash_record(head, sglang_skipped)}, engine)
+    return WrittenDraft(flags, checks, DraftRecord(draft_kind=kind_name, draft_vocab_size=head.config.draft_vocab_size,
+                                                   files=files, kind_fields=dflash_record(head, sglang_skipped)),
+                        engine)
 
 
 def dflash_record(head: DFlashHead, sglang_skipped: str | None) -> dict:
@@ -145,28 +144,19 @@ def dflash_record(head: DFlashHead, sglang_skipped: str | None) -> dict:
 
 
 def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int,
-                  sglang: bool = True) -> dict:
-    """The engines' settings for a DFlash head; gamma at most the block's drafts (llama.cpp clamps to it); sglang:
+                  sglang: bool = True) -> EngineCommands:
+    """The engines' commands for a DFlash head; gamma at most the block's drafts (llama.cpp clamps to it); sglang:
     whether SGLang can serve the head."""
-    vllm_config = {"method": "dflash", "model": str(draft_dir), "num_speculative_tokens": gamma}
-    flags = {"vllm_speculative_config": vllm_config, "vllm": vllm_args(target, vllm_config)}
-    if sglang:  # SGLang's verify window is the whole block, the last known token included
-        flags["sglang"] = ["python", "-m", "sglang.launch_server", "--model-path", target.hf_path, "--host",
-                           "127.0.0.1", "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path",
-                           str(draft_dir), "--speculative-num-draft-tokens", str(gamma + 1)]
-    if draft_gguf is not None:
-        flags["llama_cpp"] = llama_cpp_args(target, draft_gguf, DFLASH_SPEC_TYPE, gamma)
-    return flags
+    vllm_config = vllm_speculative_config(str(draft_dir), gamma)
+    # SGLang's verify window is the whole block, the last known token included
+    sglang_command = ["python", "-m", "sglang.launch_server", "--model-path", target.hf_path, "--host", "127.0.0.1",
+                      "--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(draft_dir),
+                      "--speculative-num-draft-tokens", str(gamma + 1)]
+    return EngineCommands(vllm_speculative_config=vllm_config, vllm=vllm_args(target, vllm_config),
+                          sglang=sglang_command if sglang else None,
+                          llama_cpp=None if draft_gguf is None else llama_cpp_args(target, draft_gguf, SPEC_TYPE,
+                                                                                   gamma))
 
 
-def dflash_engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int,
-                        log_path: Path) -> EngineCheck:
-    """llama-server with the DFlash GGUF beside the target: its counters and greedy tokens (no llama-bench)."""
-    missing = missing_server(spec)
-    if missing:
-        return EngineCheck(skipped=missing)
-    return served_draft_counts(spec, prompt_ids, max_new_tokens, log_path)
-
-
-def engine_gguf(head: DFlashHead, tokenizer, path: Path, tokenizer_source_gguf, outtype: str) -> Path:
-    return write_dflash_gguf(head, tokenizer, path, tokenizer_source_gguf=tokenizer_source_gguf, outtype=outtype)
+def vllm_speculative_config(draft_dir: str, gamma: int) -> dict:
+    return {"method": "dflash", "model": draft_dir, "num_speculative_tokens": gamma}

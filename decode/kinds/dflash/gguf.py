@@ -29,11 +29,13 @@ from gguf import GGML_QUANT_VERSION, GGMLQuantizationType, GGUFReader, GGUFValue
 from gguf.quants import QuantError, dequantize, quantize
 
 from decode.errors import ExportError, ExportMismatch
+from decode.kinds.common.hidden_state_head import gguf_field, gguf_unsupported_reason, required_gguf_field
 from decode.export.gguf import OUTTYPES, _Writer, add_decoder_metadata, add_tokenizer, rounded_as_written, \
     write_atomically
 from decode.kinds.dflash.head import DFlashConfig, DFlashHead
 
 ARCH = "dflash"
+SPEC_TYPE = "draft-dflash"  # llama-server's --spec-type for it (b11434)
 CHECK_TOLERANCE = 1e-4  # read-back head vs the head rounded as written: the same weights, so ~0
 
 HEAD_TENSORS = {"fc.weight": "fc.weight", "hidden_norm.weight": "enc.output_norm.weight",
@@ -66,12 +68,8 @@ def tensor_names(layers: int, own_output: bool = False) -> dict[str, str]:
 
 
 def dflash_gguf_unsupported_reason(config: DFlashConfig, outtype: str = "f16") -> str | None:
-    rope_type = (config.rope_parameters or {}).get("rope_type", "default")
-    if rope_type != "default":
-        return f"rope type {rope_type!r} is not supported by the DFlash GGUF writer, only 'default'"
-    if outtype not in OUTTYPES:
-        return f"GGUF type {outtype!r} is not one of {sorted(OUTTYPES)}"
-    return None
+    """Why a head with this config cannot be written here (None when it can)."""
+    return gguf_unsupported_reason(config, outtype, "DFlash")
 
 
 def write_dflash_gguf(head: DFlashHead, tokenizer, path: Path, tokenizer_source_gguf: Path | None = None,
@@ -119,27 +117,19 @@ def write_dflash_gguf(head: DFlashHead, tokenizer, path: Path, tokenizer_source_
 
 # ---- reading back -----------------------------------------------------------------------------------------
 
-def _field(reader: GGUFReader, name: str, default=None):
-    field = reader.fields.get(name)
-    return default if field is None else field.contents()
-
-
 def read_dflash_gguf(path: Path, num_target_layers: int | None = None) -> DFlashHead:
     """The head a GGUF file holds (float32, eval mode); the file does not say how deep the target is
     (num_target_layers, None: the least its target layers allow)."""
     reader = GGUFReader(Path(path))
-    if _field(reader, "general.architecture") != ARCH:
+    if gguf_field(reader, "general.architecture") != ARCH:
         raise ExportError(f"{path} is not a DFlash GGUF (general.architecture is "
-                          f"{_field(reader, 'general.architecture')!r})")
+                          f"{gguf_field(reader, 'general.architecture')!r})")
 
     def key(name, default=None):
-        value = _field(reader, f"{ARCH}.{name}", default)
-        if value is None:
-            raise ExportError(f"the DFlash GGUF {path} has no {ARCH}.{name}")
-        return value
+        return required_gguf_field(reader, f"{ARCH}.{name}", f"the DFlash GGUF {path}", default)
 
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    mask = _field(reader, "tokenizer.ggml.mask_token_id")
+    mask = gguf_field(reader, "tokenizer.ggml.mask_token_id")
     if mask is None:
         raise ExportError(f"the DFlash GGUF {path} has no tokenizer.ggml.mask_token_id")
     capture = [int(layer) for layer in key("target_layers")]
@@ -151,7 +141,7 @@ def read_dflash_gguf(path: Path, num_target_layers: int | None = None) -> DFlash
         num_key_value_heads=int(key("attention.head_count_kv", heads)),
         head_dim=int(key("attention.key_length", hidden // heads)), intermediate_size=int(key("feed_forward_length")),
         rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-        vocab_size=int(key("vocab_size", len(_field(reader, "tokenizer.ggml.tokens", [])))),
+        vocab_size=int(key("vocab_size", len(gguf_field(reader, "tokenizer.ggml.tokens", [])))),
         num_target_layers=num_target_layers or max(capture) + 1, target_layer_ids=[layer - 1 for layer in capture],
         block_size=int(key("block_size")), mask_token_id=int(mask), max_position_embeddings=int(key("context_length")),
         draft_vocab_size=None if draft_ids is None else len(draft_ids),

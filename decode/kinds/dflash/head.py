@@ -28,14 +28,14 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import LlamaConfig, Qwen3Config
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
 
 from decode.errors import PairError
 from decode.files import published
-from decode.kinds.eagle3.head import set_offsets
+from decode.kinds.common.hidden_state_head import layer_output, load_head_weights, set_offsets
 
 CHECKPOINT_FILE = "model.safetensors"
 ARCHITECTURE = "DFlashDraftModel"
@@ -219,14 +219,7 @@ class DFlashHead(nn.Module):
 
     def finish(self, index: int, attention_out: torch.Tensor, hidden: torch.Tensor, linear=F.linear) -> torch.Tensor:
         """attention_out [B, heads, T, D] and the layer's input [B, T, H] -> the layer's output [B, T, H]."""
-        batch, _, length, _ = attention_out.shape
-        layer = self.layers[index]
-        mlp = layer.mlp
-        hidden = hidden + linear(attention_out.transpose(1, 2).reshape(batch, length, -1),
-                                 layer.self_attn.o_proj.weight)
-        normed = layer.post_attention_layernorm(hidden)
-        return hidden + linear(F.silu(linear(normed, mlp.gate_proj.weight)) * linear(normed, mlp.up_proj.weight),
-                               mlp.down_proj.weight)
+        return layer_output(self.layers[index], attention_out, hidden, linear)
 
     @property
     def matrices(self) -> list[torch.Tensor]:
@@ -335,14 +328,8 @@ def load_head(directory, dtype: torch.dtype | None = None, device: torch.device 
     if not is_dflash_directory(directory):
         raise PairError(f"{directory} is not a DFlash head (no config.json with architectures {ARCHITECTURE})")
     head = DFlashHead(config_from_json(json.loads((directory / "config.json").read_text())))
-    tensors = load_file(str(directory / CHECKPOINT_FILE))
-    tensors = {name: tensor for name, tensor in tensors.items() if name != "embed_tokens.weight"
-               and not (head.lm_head is None and name == "lm_head.weight")}
-    missing, unexpected = head.load_state_dict(tensors, strict=False)
-    missing = [name for name in missing if not name.startswith("rotary_emb.")]
-    if missing or unexpected:
-        raise PairError(f"{directory}: the DFlash checkpoint does not match its config: missing {missing[:5]}, "
-                        f"unexpected {unexpected[:5]}")
+    load_head_weights(head, directory / CHECKPOINT_FILE, "DFlash",
+                      left_out={"lm_head.weight"} if head.lm_head is None else frozenset())
     return head.to(dtype=dtype, device=device).eval()
 
 

@@ -4,40 +4,30 @@ block in one forward; served by vLLM (dflash), SGLang (DFLASH) and llama.cpp (dr
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import torch
-from torch import nn
 
 from decode.errors import ConfigError, PairError
-from decode.examples import Example
-from decode.export.job import ExportJob, WrittenDraft
 from decode.export.record import ExportRecord
-from decode.kinds.base import DraftKind
+from decode.kinds.common.hidden_state_head import HeadParts, HiddenStateHeadKind
+from decode.kinds.common.mask_token import unused_special_token
 from decode.kinds.dflash import export
 from decode.kinds.dflash.drafter import DFlashDrafter
+from decode.kinds.dflash.gguf import ARCH, SPEC_TYPE, write_dflash_gguf
 from decode.kinds.dflash.head import DFlashHead, check_head_fits, is_dflash_directory, load_head, new_head, save_head
 from decode.kinds.dflash.objective import BlockObjective
 from decode.kinds.dflash.runner import DFlashRunner
-from decode.kinds.eagle3 import kind as eagle3_kind
-from decode.kinds.eagle3.features import featured_splits
-from decode.kinds.parallel.mask_token import unused_special_token
-from decode.models import ModelSpec, eos_token_ids, resolve_dtype
+from decode.models import ModelSpec, eos_token_ids
 
 DEFAULT_LAYERS = 2  # the head's decoder layers where pair.draft.derive_layers does not say
 UNTRAINED_BLOCK = 4  # a fresh head's block before training sets method.parallel_tokens + 1
 
 
-class DFlashKind(DraftKind):
+class DFlashKind(HiddenStateHeadKind):
     name = "dflash"
     title = "DFlash head"
-    gguf_runs_alone = False  # it reads its target's states: llama-bench cannot time it alone
-
-    def holds(self, draft: nn.Module) -> bool:
-        return isinstance(draft, DFlashHead)
-
-    def found_at(self, spec: ModelSpec) -> bool:
-        return head_directory(spec) is not None
+    parts = HeadParts(DFlashHead, is_dflash_directory, check_head_fits, DFlashDrafter, export.write_draft,
+                      export.vllm_speculative_config, write_dflash_gguf, save_head, ARCH, SPEC_TYPE)
 
     def load(self, target, target_tokenizer, spec: ModelSpec):
         if not spec.path:  # untrained: the target's first layers over random context projections
@@ -46,13 +36,11 @@ class DFlashKind(DraftKind):
             head = new_head(target, spec.derive_layers or DEFAULT_LAYERS, UNTRAINED_BLOCK, mask, spec.capture_layers)
             head.config.mask_token = target_tokenizer.convert_ids_to_tokens(mask)
             return head, target_tokenizer
-        directory = head_directory(spec)
+        directory = self.head_directory(spec)
         if directory is None:
             raise PairError(f"pair.draft.kind=dflash but {spec.path} is not a DFlash head (its config.json does not "
                             f"name the DFlashDraftModel architecture)")
-        parameter = next(target.parameters())
-        dtype = resolve_dtype(spec.dtype, parameter.device) if spec.dtype else parameter.dtype
-        head = load_head(directory, dtype=dtype, device=parameter.device)
+        head = load_head(directory, **self.load_options(target, spec))
         for setting, configured, own in (("capture_layers", spec.capture_layers, head.config.target_layer_ids),
                                          ("mask_token", spec.mask_token, head.config.mask_token_id)):
             if configured is not None and configured != own:
@@ -60,30 +48,15 @@ class DFlashKind(DraftKind):
                                 f"{own}; leave {setting} unset")
         return head, target_tokenizer
 
-    def check_pair(self, target, draft: DFlashHead, target_tokenizer, draft_tokenizer,
-                   check_chat_template: bool) -> None:
-        """It reads the target's own embeddings and output matrix: its tokens are the target's."""
-        check_head_fits(draft, target)
-        if len(target_tokenizer) > draft.config.vocab_size:
-            raise PairError(f"the DFlash head knows {draft.config.vocab_size} tokens, the target's tokenizer "
-                            f"{len(target_tokenizer)}: train a head for this target")
-
     def runner(self, draft: DFlashHead, target, vocab_size: int, backend: str) -> DFlashRunner:
         return DFlashRunner(draft, target.get_input_embeddings().weight, target.get_output_embeddings().weight,
                             vocab_size)
-
-    def drafter(self, runner: DFlashRunner) -> DFlashDrafter:
-        return DFlashDrafter(runner)
 
     def check_method(self, method) -> None:
         if method.parallel_tokens < 1:
             raise ConfigError(f"method.parallel_tokens (the tokens a DFlash block drafts) must be >= 1, got "
                               f"{method.parallel_tokens}")
-        if method.lora:
-            raise ConfigError("method.lora is not supported for pair.draft.kind=dflash: the head is trained whole; "
-                              "use method=distill")
-        if method.on_policy_answers:
-            raise ConfigError("method.on_policy_answers is not supported for pair.draft.kind=dflash; set it to 0")
+        super().check_method(method)
 
     def starting_draft(self, pair, method, draft_vocabulary: list[int] | None, seed: int) -> DFlashHead:
         """A copy of the head at pair.draft.path (retraining a champion: its weights and its vocabulary), else a
@@ -100,10 +73,6 @@ class DFlashKind(DraftKind):
         head.config.block_size = method.parallel_tokens + 1
         return head
 
-    def training_inputs(self, ctx, draft: DFlashHead, splits: list[tuple[list[Example], str]], batch_size: int):
-        """The target's outputs of the head's layers beside every example (cached per answers dataset)."""
-        return featured_splits(ctx, draft.config.capture_layers, splits, batch_size)
-
     def objective(self, draft: DFlashHead, pair, method, device: torch.device) -> BlockObjective:
         return BlockObjective(draft, pair.target.get_input_embeddings().weight,
                               pair.target.get_output_embeddings().weight, pair.vocab_size, method.parallel_tokens,
@@ -112,17 +81,8 @@ class DFlashKind(DraftKind):
     def draft_vocab_size(self, draft: DFlashHead, vocab_size: int) -> int | None:
         return draft.config.draft_vocab_size  # None: the target's output matrix over the whole vocabulary
 
-    def save(self, draft: DFlashHead, ctx, gamma: int) -> None:
-        draft = draft.to(dtype=next(ctx.pair.target.parameters()).dtype)
-        if ctx.is_main_process:
-            save_head(draft, ctx.draft_dir)
-        ctx.accelerator.wait_for_everyone()
-
-    def export(self, job: ExportJob, staging: Path) -> WrittenDraft:
-        return export.write_draft(job, staging)
-
     def card_lines(self, record: ExportRecord) -> list[str]:
-        dflash = record.dflash
+        dflash = record.kind_fields
         return [f"- draft: a DFlash head ({dflash['layers']} decoder layers over the target's hidden states) that "
                 f"drafts up to {dflash['block_size'] - 1} tokens in one forward, reading the outputs of target layers "
                 f"{dflash['target_layer_ids']} (of {dflash['target_layers']}); mask token {dflash['mask_token_id']}",
@@ -131,17 +91,9 @@ class DFlashKind(DraftKind):
                 "- draft vocabulary: the target's (it uses the target's embeddings and output matrix)"]
 
     def card_notes(self, record: ExportRecord) -> list[str]:
-        masks = record.dflash["block_size"] - 1
-        skipped = record.dflash.get("sglang_skipped")
+        masks = record.kind_fields["block_size"] - 1
+        skipped = record.kind_fields.get("sglang_skipped")
         return ([f"No SGLang command: {skipped}.", ""] if skipped else []) + [f"vLLM (`method: dflash`) runs `num_speculative_tokens` masks a round and SGLang (`DFLASH`) the block "
                 f"its `--speculative-num-draft-tokens` names; the head was trained with {masks} masks, which llama.cpp "
                 f"(`draft-dflash`) always runs, using the first `--spec-draft-n-max` of them.", "",
-                f"llama.cpp step costs: {record.dflash['llama_cpp_step_costs']}.", ""]
-
-    def engine_gguf(self, draft: DFlashHead, tokenizer, path: Path, tokenizer_source_gguf, outtype: str):
-        return export.engine_gguf(draft, tokenizer, path, tokenizer_source_gguf, outtype)
-
-
-def head_directory(spec: ModelSpec) -> str | None:
-    """The directory of the DFlash head spec.path names (itself, or an export's draft/), else None."""
-    return eagle3_kind.head_directory(spec, is_dflash_directory)
+                f"llama.cpp step costs: {record.kind_fields['llama_cpp_step_costs']}.", ""]

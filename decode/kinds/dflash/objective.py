@@ -17,7 +17,7 @@ from torch import nn
 
 from decode.kinds.base import DraftStep, TrainingObjective
 from decode.kinds.dflash.head import DFlashHead
-from decode.kinds.eagle3.features import FeaturedExample, collate_with_target_hidden
+from decode.kinds.common.target_features import FeaturedExample, collate_with_target_hidden
 
 
 def block_logits(head: DFlashHead, target_embeddings: torch.Tensor, target_output: torch.Tensor,

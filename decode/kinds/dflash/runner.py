@@ -12,42 +12,23 @@ import torch
 import torch.nn.functional as F
 
 from decode.cache import KVCache
+from decode.kinds.common.hidden_state_head import HeadRunner
 from decode.kinds.dflash.head import DFlashHead
-from decode.matmul_route import skinny_route
 from decode.runner import positions_for
 
 
-class DFlashRunner:
+class DFlashRunner(HeadRunner):
     def __init__(self, head: DFlashHead, target_embeddings: torch.Tensor, target_output: torch.Tensor,
                  vocab_size: int):
-        if vocab_size > head.config.vocab_size:
-            raise ValueError(f"the head knows {head.config.vocab_size} tokens, the tokenizer {vocab_size}")
-        self.head = head
-        self.target_embeddings = target_embeddings  # the target's own input and output matrices: the head has none
-        self.vocab_size = vocab_size
-        self.capture_layers = tuple(head.config.capture_layers)
-        parameter = next(head.parameters())
-        self.dtype, self.device = parameter.dtype, parameter.device
-        self.cache: KVCache | None = None
-        self.output = head.output_matrix(target_output)
-        self.skinny_route = skinny_route(head.matrices + ([target_output] if head.lm_head is None else []))
-
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x @ weight.T through the kernel this machine measured fastest for x's row count and this weight's shape."""
-        return self.skinny_route.kernel(x.numel() // x.shape[-1], weight.shape)(x, weight, None)
-
-    @property
-    def model(self) -> DFlashHead:
-        return self.head
+        super().__init__(head, target_embeddings, vocab_size, head.config.capture_layers,
+                         head.matrices + ([target_output] if head.lm_head is None else []))
+        self.output = head.output_matrix(target_output)  # the head's own output rows, else the target's
 
     def reset(self, batch_size: int, max_len: int) -> None:
         """max_len: the positions the target may reach; a block runs up to block_size - 1 masks past them."""
         config = self.head.config
         self.cache = KVCache(config.num_hidden_layers, batch_size, config.num_key_value_heads,
                              max_len + config.block_size, config.head_dim, self.dtype, self.device)
-
-    def free(self) -> None:
-        self.cache = None
 
     @torch.inference_mode()
     def write_context(self, target_hidden: torch.Tensor, start: torch.Tensor, kv_len: int) -> None:

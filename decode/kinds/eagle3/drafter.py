@@ -11,6 +11,7 @@ import torch
 
 from decode.drafting import Drafter, sample_steps
 from decode.kinds.eagle3.runner import Eagle3Runner
+from decode.rows import RowState
 from decode.sampling import SamplingParams
 
 
@@ -22,14 +23,14 @@ class Eagle3Drafter(Drafter):
         self.capture_layers = runner.capture_layers
         self.ready: tuple[torch.Tensor, torch.Tensor] | None = None
 
-    def prefill(self, state) -> None:
+    def prefill(self, state: RowState) -> None:
         """Head position P < prompt length reads g_P and token P + 1 (the first answer token at the end)."""
         width = state.longest_prompt
         start = torch.zeros(state.batch, dtype=torch.long, device=state.tokens.device)
         self.ready = self.runner.forward(state.tokens[:, 1: width + 1], state.target_hidden, start, width,
                                          logits_at=(state.lengths - 2)[:, None])
 
-    def propose(self, state, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
+    def propose(self, state: RowState, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
         logits, hidden = self.ready
 
         def next_logits(step, tokens):
@@ -40,7 +41,7 @@ class Eagle3Drafter(Drafter):
 
         return sample_steps(logits, gamma, sampling, state.generator, next_logits, copies)
 
-    def verified(self, state, new_tokens, accepted_counts, start, kv_len) -> None:
+    def verified(self, state: RowState, new_tokens, accepted_counts, start, kv_len) -> None:
         """The verify's positions start .. start + gamma with the tokens after them (new_tokens: the accepted
         drafts, then the resampled or bonus token); the output at the last accepted one is kept."""
         self.ready = self.runner.forward(new_tokens, state.target_hidden, start, kv_len,

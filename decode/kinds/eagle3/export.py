@@ -31,16 +31,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from decode.errors import ExportError, ExportMismatch
-from decode.export.engine_check import missing_server, served_draft_counts
 from decode.export.engines import ServingTarget, llama_cpp_args, sglang_args, vllm_args
 from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
-from decode.records import EngineCheck
-from decode.kinds.eagle3.gguf import (CHECK_TOLERANCE, eagle3_gguf_reference, first_step_logits, read_eagle3_gguf,
-                                      write_eagle3_gguf)
+from decode.export.record import DraftRecord
+from decode.kinds.common.hidden_state_head import head_engine_check, staged_gguf
+from decode.records import EngineCommands
+from decode.kinds.eagle3.gguf import (CHECK_TOLERANCE, SPEC_TYPE, eagle3_gguf_reference, first_step_logits,
+                                      read_eagle3_gguf, write_eagle3_gguf)
 from decode.kinds.eagle3.head import (CHECKPOINT_FILE, Eagle3Config, Eagle3Head, default_capture_layers,
                                       head_state_dict, load_head, save_head_files)
 from decode.sampling import SamplingParams
-from decode.serving.llama_server import EAGLE3_SPEC_TYPE, ServerSpec
+from decode.serving.llama_server import ServerSpec
 
 # llama-bench runs a draft GGUF alone, and an EAGLE-3 head needs its target's context (b11434 fails with "eagle3
 # requires ctx_other to be set")
@@ -240,7 +241,7 @@ def layout_difference(reference: Eagle3Head, head: Eagle3Head) -> str | None:
     return None
 
 
-def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
+def write_draft(job: ExportJob, staging: Path, kind_name: str) -> WrittenDraft:
     """An EAGLE-3 head: the speculators directory (vLLM), the SpecForge directory (SGLang, when it can serve the
     head) and the EAGLE-3 GGUF (llama.cpp)."""
     ctx, settings = job.ctx, job.settings
@@ -250,26 +251,24 @@ def write_draft(job: ExportJob, staging: Path) -> WrittenDraft:
     save_target_tokenizer(ctx, staging / "draft")  # so that pair.draft.path=<export> finds the target's tokens
     sglang_skipped = sglang_unsupported_reason(head.config)
     sglang_dir = None if sglang_skipped else write_sglang_head(head, staging / "sglang", target_layers)
-    gguf_path = None
-    if settings.gguf:
-        gguf_path = write_eagle3_gguf(head, ctx.pair.tokenizer, staging / "draft.gguf",
-                                      tokenizer_source_gguf=job.target_gguf, outtype=settings.gguf_type)
+    gguf_path = staged_gguf(job, head, staging, write_eagle3_gguf)
     checks, engine = {}, None
     if settings.verify_prompts:
         written = read_back_heads(head, staging / "draft", sglang_dir, gguf_path, target_layers, settings.gguf_type)
         checks = head_round_trip(ctx.pair, written, job.verify_ids, job.max_new_tokens,
                                  job.decode.gamma_policy(dynamic=False), job.draft_spec.path)
         if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
-            spec = ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma, spec_type=EAGLE3_SPEC_TYPE)
-            engine = eagle3_engine_check(spec, job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log")
+            spec = ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma, spec_type=SPEC_TYPE)
+            engine = head_engine_check(spec, job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log")
     flags = serving_flags(job.target, job.destination / "draft",
                           job.destination / "sglang" if sglang_dir else None,
                           job.destination / "draft.gguf" if gguf_path else None, job.gamma,
                           *job.llama_cpp_settings(engine))
     files = {"vllm": "draft", **({"sglang": "sglang"} if sglang_dir else {}),
              **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
-    return WrittenDraft(flags, checks, {"draft_kind": "eagle3", "draft_vocab_size": head.config.draft_vocab_size,
-                                        "files": files, "eagle3": eagle3_record(head, target_layers, sglang_skipped)},
+    return WrittenDraft(flags, checks, DraftRecord(draft_kind=kind_name, draft_vocab_size=head.config.draft_vocab_size,
+                                                   files=files,
+                                                   kind_fields=eagle3_record(head, target_layers, sglang_skipped)),
                         engine)
 
 
@@ -285,23 +284,16 @@ def eagle3_record(head: Eagle3Head, target_layers: int, sglang_skipped: str | No
 
 def serving_flags(target: ServingTarget, speculators_dir: Path, sglang_dir: Path | None,
                   draft_gguf: Path | None, gamma: int, llama_cpp_gamma: int | None = None,
-                  llama_cpp_p_min: float = 0.0) -> dict:
-    """The engines' speculative-decoding settings for an EAGLE-3 head: vLLM reads the speculators directory, SGLang
-    its own (None: SGLang cannot serve the head), llama.cpp the GGUF (at llama_cpp_gamma, None: gamma)."""
-    vllm_config = {"method": "eagle3", "model": str(speculators_dir), "num_speculative_tokens": gamma}
-    flags = {"vllm_speculative_config": vllm_config, "vllm": vllm_args(target, vllm_config)}
-    if sglang_dir is not None:
-        flags["sglang"] = sglang_args(target, "EAGLE3", sglang_dir, gamma)
-    if draft_gguf is not None:
-        flags["llama_cpp"] = llama_cpp_args(target, draft_gguf, EAGLE3_SPEC_TYPE, llama_cpp_gamma or gamma,
-                                            llama_cpp_p_min)
-    return flags
+                  llama_cpp_p_min: float = 0.0) -> EngineCommands:
+    """The engines' commands for an EAGLE-3 head: vLLM reads the speculators directory, SGLang its own (None: SGLang
+    cannot serve the head), llama.cpp the GGUF (at llama_cpp_gamma, None: gamma)."""
+    vllm_config = vllm_speculative_config(str(speculators_dir), gamma)
+    return EngineCommands(
+        vllm_speculative_config=vllm_config, vllm=vllm_args(target, vllm_config),
+        sglang=None if sglang_dir is None else sglang_args(target, "EAGLE3", sglang_dir, gamma),
+        llama_cpp=None if draft_gguf is None else llama_cpp_args(target, draft_gguf, SPEC_TYPE,
+                                                                 llama_cpp_gamma or gamma, llama_cpp_p_min))
 
 
-def eagle3_engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int,
-                        log_path: Path) -> EngineCheck:
-    """The same for an EAGLE-3 GGUF (spec.spec_type draft-eagle3), without step costs (EAGLE3_ENGINE_COSTS)."""
-    missing = missing_server(spec)
-    if missing:
-        return EngineCheck(skipped=missing)
-    return served_draft_counts(spec, prompt_ids, max_new_tokens, log_path)
+def vllm_speculative_config(speculators_dir: str, gamma: int) -> dict:
+    return {"method": "eagle3", "model": speculators_dir, "num_speculative_tokens": gamma}

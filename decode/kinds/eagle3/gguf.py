@@ -33,10 +33,12 @@ from gguf.quants import QuantError, dequantize, quantize
 
 from decode.kinds.eagle3.head import Eagle3Config, Eagle3Head
 from decode.errors import ExportError, ExportMismatch
+from decode.kinds.common.hidden_state_head import gguf_field, gguf_unsupported_reason, required_gguf_field
 from decode.export.gguf import (OUTTYPES, _interleave_rotary_halves, _Writer, add_decoder_metadata, add_tokenizer,
                                 rounded_as_written, write_atomically)
 
 ARCH = "eagle3"
+SPEC_TYPE = "draft-eagle3"  # llama-server's --spec-type for it (b11434)
 
 # the head's state_dict names -> llama.cpp's tensor names
 TENSOR_NAMES = {
@@ -60,12 +62,7 @@ CHECK_TOLERANCE = 1e-4  # read-back head vs the head rounded as written: the sam
 
 def eagle3_gguf_unsupported_reason(config: Eagle3Config, outtype: str = "f16") -> str | None:
     """Why a head with this config cannot be written here (None when it can)."""
-    rope_type = (config.rope_parameters or {}).get("rope_type", "default")
-    if rope_type != "default":
-        return f"rope type {rope_type!r} is not supported by the EAGLE-3 GGUF writer, only 'default'"
-    if outtype not in OUTTYPES:
-        return f"GGUF type {outtype!r} is not one of {sorted(OUTTYPES)}"
-    return None
+    return gguf_unsupported_reason(config, outtype, "EAGLE-3")
 
 
 def write_eagle3_gguf(head: Eagle3Head, tokenizer, path: Path, tokenizer_source_gguf: Path | None = None,
@@ -152,9 +149,9 @@ def _restore_rotary_halves(weight: np.ndarray, heads: int) -> np.ndarray:
 def read_eagle3_gguf(path: Path) -> Eagle3Head:
     """The head a GGUF file holds (float32, eval mode): Q/K rows back in transformers' order, d2t back to offsets."""
     reader = GGUFReader(Path(path))
-    if _field(reader, "general.architecture") != ARCH:
+    if gguf_field(reader, "general.architecture") != ARCH:
         raise ExportError(f"{path} is not an EAGLE-3 GGUF (general.architecture is "
-                          f"{_field(reader, 'general.architecture')!r})")
+                          f"{gguf_field(reader, 'general.architecture')!r})")
     tensors = {tensor.name: tensor for tensor in reader.tensors}
     missing = [name for name in (*TENSOR_NAMES.values(), D2T) if name not in tensors]
     if missing:
@@ -178,17 +175,9 @@ def read_eagle3_gguf(path: Path) -> Eagle3Head:
     return head.float().eval()
 
 
-def _field(reader: GGUFReader, name: str, default=None):
-    field = reader.fields.get(name)
-    return default if field is None else field.contents()
-
-
 def _read_head_config(reader: GGUFReader, draft_vocab_size: int) -> Eagle3Config:
     def key(name, default=None):
-        value = _field(reader, f"{ARCH}.{name}", default)
-        if value is None:
-            raise ExportError(f"the EAGLE-3 GGUF has no {ARCH}.{name}")
-        return value
+        return required_gguf_field(reader, f"{ARCH}.{name}", "the EAGLE-3 GGUF", default)
 
     hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
     return Eagle3Config(
@@ -196,7 +185,7 @@ def _read_head_config(reader: GGUFReader, draft_vocab_size: int) -> Eagle3Config
         num_key_value_heads=int(key("attention.head_count_kv", heads)),
         head_dim=int(key("attention.key_length", hidden // heads)),
         intermediate_size=int(key("feed_forward_length")), rms_norm_eps=float(key("attention.layer_norm_rms_epsilon")),
-        vocab_size=int(key("vocab_size", len(_field(reader, "tokenizer.ggml.tokens", [])))),
+        vocab_size=int(key("vocab_size", len(gguf_field(reader, "tokenizer.ggml.tokens", [])))),
         draft_vocab_size=draft_vocab_size, capture_layers=[int(layer) for layer in key("target_layers")],
         norm_before_residual=bool(key("norm_before_residual", False)),
         max_position_embeddings=int(key("context_length")),

@@ -24,7 +24,7 @@ from typing import Callable
 
 import torch
 import torch.nn.functional as F
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from torch import nn
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, LlamaRotaryEmbedding, rotate_half
@@ -32,6 +32,7 @@ from transformers.models.llama.modeling_llama import LlamaMLP, LlamaRMSNorm, Lla
 from decode.cost_model import DEFAULT_GAMMA
 from decode.errors import PairError
 from decode.files import published
+from decode.kinds.common.hidden_state_head import layer_output, load_head_weights, set_offsets
 
 CHECKPOINT_FILE = "model.safetensors"
 Linear = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]  # (x, weight) -> x @ weight.T
@@ -183,14 +184,7 @@ class Eagle3Head(nn.Module):
 
     def finish(self, attention_out: torch.Tensor, residual: torch.Tensor, linear: Linear = F.linear) -> torch.Tensor:
         """attention_out [B, heads, T, D] -> the layer's output h [B, T, H] (before the final norm)."""
-        batch, _, length, _ = attention_out.shape
-        layer = self.layer
-        mlp = layer.mlp
-        hidden = residual + linear(attention_out.transpose(1, 2).reshape(batch, length, -1),
-                                   layer.self_attn.o_proj.weight)
-        normed = layer.post_attention_layernorm(hidden)
-        return hidden + linear(F.silu(linear(normed, mlp.gate_proj.weight)) * linear(normed, mlp.up_proj.weight),
-                               mlp.down_proj.weight)
+        return layer_output(self.layer, attention_out, residual, linear)
 
     def logits(self, hidden: torch.Tensor, linear: Linear = F.linear) -> torch.Tensor:
         """h [..., H] -> logits over the draft vocabulary [..., draft_vocab]."""
@@ -207,16 +201,6 @@ class Eagle3Head(nn.Module):
         """[..., draft_vocab] -> [..., vocab]: -inf (q = 0) for every token outside the draft vocabulary."""
         full = draft_logits.new_full((*draft_logits.shape[:-1], self.config.vocab_size), float("-inf"))
         return full.index_copy_(-1, self.draft_token_ids, draft_logits)
-
-
-def set_offsets(d2t: torch.Tensor, target_ids: list[int]) -> torch.Tensor:
-    """Writes d2t [draft_vocab] for a draft vocabulary of these target ids, in increasing order (draft token i is
-    target token i + d2t[i], as the engines read it) -> the ids."""
-    ids = torch.tensor(sorted(target_ids), dtype=torch.long, device=d2t.device)
-    if len(ids) != len(d2t) or len(set(ids.tolist())) != len(ids):
-        raise ValueError(f"the draft vocabulary needs {len(d2t)} distinct target ids, got {len(ids)}")
-    d2t.copy_(ids - torch.arange(len(ids), device=ids.device))
-    return ids
 
 
 def new_head(target, draft_token_ids: list[int], capture_layers=None, norm_before_residual: bool = False,
@@ -315,17 +299,11 @@ def load_head(directory, dtype: torch.dtype | None = None, device: torch.device 
             rope_parameters=layer.get("rope_parameters") or {"rope_type": "default",
                                                              "rope_theta": layer.get("rope_theta", 10000.0)})
     head = Eagle3Head(config)
-    tensors = load_file(str(directory / CHECKPOINT_FILE))
-    tensors = {name: tensor for name, tensor in tensors.items() if name != "embed_tokens.weight"}
-    missing, unexpected = head.load_state_dict(tensors, strict=False)
     full_vocabulary = config.draft_vocab_size == config.vocab_size
-    if full_vocabulary and "t2d" in missing:  # every token is a draft token: the identity mapping
+    missing = load_head_weights(head, directory / CHECKPOINT_FILE, "EAGLE-3",
+                                may_miss={"d2t", "t2d"} if full_vocabulary else frozenset())
+    if "t2d" in missing:  # every token is a draft token: the identity mapping
         head.t2d.fill_(True)
-    missing = [name for name in missing if not name.startswith("rotary_emb.")
-               and not (full_vocabulary and name in ("d2t", "t2d"))]
-    if missing or unexpected:
-        raise PairError(f"{directory}: the EAGLE-3 checkpoint does not match its config: missing {missing[:5]}, "
-                        f"unexpected {unexpected[:5]}")
     return head.to(dtype=dtype, device=device).eval()
 
 

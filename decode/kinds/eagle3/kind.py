@@ -7,72 +7,50 @@ import copy
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from decode.errors import ConfigError, PairError
-from decode.examples import Example
-from decode.export.job import ExportJob, WrittenDraft
 from decode.export.record import ExportRecord
-from decode.kinds.base import DraftKind
+from decode.kinds.common.hidden_state_head import HeadParts, HiddenStateHeadKind
 from decode.kinds.eagle3 import export
 from decode.kinds.eagle3.drafter import Eagle3Drafter
-from decode.kinds.eagle3.features import featured_splits
-from decode.kinds.eagle3.gguf import write_eagle3_gguf
+from decode.kinds.eagle3.gguf import ARCH, SPEC_TYPE, write_eagle3_gguf
 from decode.kinds.eagle3.head import Eagle3Head, check_head_fits, is_eagle3_directory, load_head, new_head, save_head
 from decode.kinds.eagle3.objective import UnrolledObjective
 from decode.kinds.eagle3.runner import Eagle3Runner
-from decode.models import ModelSpec, locate, resolve_dtype
+from decode.models import ModelSpec
 
 
-class Eagle3Kind(DraftKind):
+class Eagle3Kind(HiddenStateHeadKind):
     name = "eagle3"
     title = "EAGLE-3 head"
-    gguf_runs_alone = False  # it reads its target's states: llama-bench cannot time it alone
+    parts = HeadParts(Eagle3Head, is_eagle3_directory, check_head_fits, Eagle3Drafter, export.write_draft,
+                      export.vllm_speculative_config, write_eagle3_gguf, save_head, ARCH, SPEC_TYPE)
 
-    def holds(self, draft: nn.Module) -> bool:
-        return isinstance(draft, Eagle3Head)
-
-    def found_at(self, spec: ModelSpec) -> bool:
-        return head_directory(spec) is not None
+    def save_head(self, head: Eagle3Head, directory: Path, gamma: int) -> None:
+        """With the gamma it was evaluated at, as its speculators config tells vLLM."""
+        save_head(head, directory, gamma)
 
     def load(self, target, target_tokenizer, spec: ModelSpec):
         if not spec.path:  # untrained: every token in its vocabulary, the layer random
             return new_head(target, list(range(len(target_tokenizer))), spec.capture_layers), target_tokenizer
-        directory = head_directory(spec)
+        directory = self.head_directory(spec)
         if directory is None:
             raise PairError(f"pair.draft.kind=eagle3 but {spec.path} is not an EAGLE-3 head (its config.json has no "
                             f"speculators_model_type eagle3)")
-        parameter = next(target.parameters())
-        dtype = resolve_dtype(spec.dtype, parameter.device) if spec.dtype else parameter.dtype
-        head = load_head(directory, dtype=dtype, device=parameter.device)
+        head = load_head(directory, **self.load_options(target, spec))
         if spec.capture_layers and list(spec.capture_layers) != list(head.config.capture_layers):
             raise PairError(f"pair.draft.capture_layers={list(spec.capture_layers)} but the head at {directory} was "
                             f"trained on layers {head.config.capture_layers}; leave capture_layers unset")
         return head, target_tokenizer
 
-    def check_pair(self, target, draft: Eagle3Head, target_tokenizer, draft_tokenizer,
-                   check_chat_template: bool) -> None:
-        """It reads the target's own embeddings: its tokens are the target's."""
-        check_head_fits(draft, target)
-        if len(target_tokenizer) > draft.config.vocab_size:
-            raise PairError(f"the EAGLE-3 head knows {draft.config.vocab_size} tokens, the target's tokenizer "
-                            f"{len(target_tokenizer)}: train a head for this target")
-
     def runner(self, draft: Eagle3Head, target, vocab_size: int, backend: str) -> Eagle3Runner:
         return Eagle3Runner(draft, target.get_input_embeddings().weight, vocab_size)
-
-    def drafter(self, runner: Eagle3Runner) -> Eagle3Drafter:
-        return Eagle3Drafter(runner)
 
     def check_method(self, method) -> None:
         if method.ttt_steps < 1 or not 0 < method.ttt_step_weight <= 1:
             raise ConfigError(f"method.ttt_steps must be >= 1 and method.ttt_step_weight in (0, 1], got "
                               f"{method.ttt_steps} and {method.ttt_step_weight}")
-        if method.lora:
-            raise ConfigError("method.lora is not supported for pair.draft.kind=eagle3: the head is one layer, "
-                              "trained whole; use method=distill")
-        if method.on_policy_answers:
-            raise ConfigError("method.on_policy_answers is not supported for pair.draft.kind=eagle3; set it to 0")
+        super().check_method(method)
 
     def starting_draft(self, pair, method, draft_vocabulary: list[int] | None, seed: int) -> Eagle3Head:
         """A copy of the head at pair.draft.path (retraining a champion: its weights and its vocabulary), else a
@@ -83,10 +61,6 @@ class Eagle3Kind(DraftKind):
         return new_head(pair.target, draft_vocabulary or list(range(pair.vocab_size)),
                         configured.config.capture_layers, configured.config.norm_before_residual, seed).float().train()
 
-    def training_inputs(self, ctx, draft: Eagle3Head, splits: list[tuple[list[Example], str]], batch_size: int):
-        """The target's states at the head's capture layers beside every example (cached per answers dataset)."""
-        return featured_splits(ctx, draft.config.capture_layers, splits, batch_size)
-
     def objective(self, draft: Eagle3Head, pair, method, device: torch.device) -> UnrolledObjective:
         return UnrolledObjective(draft, pair.target.get_input_embeddings().weight, pair.vocab_size,
                                  method.ttt_steps, method.ttt_step_weight, device)
@@ -95,23 +69,14 @@ class Eagle3Kind(DraftKind):
         size = draft.config.draft_vocab_size
         return size if size < vocab_size else None
 
-    def save(self, draft: Eagle3Head, ctx, gamma: int) -> None:
-        draft = draft.to(dtype=next(ctx.pair.target.parameters()).dtype)
-        if ctx.is_main_process:
-            save_head(draft, ctx.draft_dir, gamma)
-        ctx.accelerator.wait_for_everyone()
-
-    def export(self, job: ExportJob, staging: Path) -> WrittenDraft:
-        return export.write_draft(job, staging)
-
     def card_lines(self, record: ExportRecord) -> list[str]:
-        eagle3 = record.eagle3
+        eagle3 = record.kind_fields
         return [f"- draft: an EAGLE-3 head (one decoder layer over the target's hidden states), reading the "
                 f"residual stream entering target layers {eagle3['capture_layers']} (of {eagle3['target_layers']})",
                 f"- draft vocabulary: {record.draft_vocab_size} of the target's {eagle3['vocab_size']} tokens"]
 
     def card_notes(self, record: ExportRecord) -> list[str]:
-        eagle3 = record.eagle3
+        eagle3 = record.kind_fields
         lines = ["The head proposes only its draft vocabulary: draft token i is target token i + d2t[i] (`d2t` in "
                  "both safetensors files; draft.gguf stores the target ids themselves).", ""]
         if eagle3["sglang_capture_layer_ids"] is not None:
@@ -123,19 +88,3 @@ class Eagle3Kind(DraftKind):
         if "sglang_skipped" in eagle3:
             lines += [f"No SGLang directory: {eagle3['sglang_skipped']}.", ""]
         return lines + [f"llama.cpp step costs: {eagle3['llama_cpp_step_costs']}.", ""]
-
-    def engine_gguf(self, draft: Eagle3Head, tokenizer, path: Path, tokenizer_source_gguf, outtype: str) -> Path:
-        return write_eagle3_gguf(draft, tokenizer, path, tokenizer_source_gguf=tokenizer_source_gguf,
-                                 outtype=outtype)
-
-
-def head_directory(spec: ModelSpec, is_head_directory=is_eagle3_directory) -> str | None:
-    """The directory of the head spec.path names (itself, or an export's draft/) when is_head_directory says it
-    holds one (an EAGLE-3 head by default), else None."""
-    if not spec.path or spec.path.endswith(".gguf") or "://" in spec.path:
-        return None
-    try:
-        directory, _ = locate(spec)
-    except PairError:
-        return None
-    return directory if is_head_directory(directory) else None

@@ -1,5 +1,5 @@
 """What an EAGLE-3 head learns: the head unrolled over `method.ttt_steps` draft steps as the decoder runs it
-("training-time test"), over the target's states at its capture layers (decode/kinds/eagle3/features.py).
+("training-time test"), over the target's states at its capture layers (decode/kinds/common/target_features.py).
 
 Step s (0-based) at query index P reads the embedding of token P + s + 1 (the real token: teacher forced),
 fc(g_P) at s = 0 and else the step s - 1 output h at P, at RoPE position P + s; it attends to the step-0
@@ -17,7 +17,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from decode.kinds.base import DraftStep, TrainingObjective
-from decode.kinds.eagle3.features import FeaturedExample, collate_with_target_hidden
+from decode.kinds.common.target_features import FeaturedExample, collate_with_target_hidden
 from decode.kinds.eagle3.head import Eagle3Head
 
 

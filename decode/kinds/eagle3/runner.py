@@ -14,40 +14,19 @@ import torch
 import torch.nn.functional as F
 
 from decode.cache import KVCache
+from decode.kinds.common.hidden_state_head import HeadRunner
 from decode.kinds.eagle3.head import Eagle3Head
-from decode.matmul_route import skinny_route
 from decode.runner import positions_for, select_positions
 
 
-class Eagle3Runner:
+class Eagle3Runner(HeadRunner):
     def __init__(self, head: Eagle3Head, target_embeddings: torch.Tensor, vocab_size: int):
-        config = head.config
-        if vocab_size > config.vocab_size:
-            raise ValueError(f"the head knows {config.vocab_size} tokens, the tokenizer {vocab_size}")
-        self.head = head
-        self.target_embeddings = target_embeddings  # the target's own; the head has none
-        self.vocab_size = vocab_size
-        self.capture_layers = tuple(config.capture_layers)
-        parameter = next(head.parameters())
-        self.dtype, self.device = parameter.dtype, parameter.device
-        self.cache: KVCache | None = None
-        self.skinny_route = skinny_route(head.matrices)
-
-    def linear(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-        """x @ weight.T through the kernel this machine measured fastest for x's row count and this weight's shape."""
-        return self.skinny_route.kernel(x.numel() // x.shape[-1], weight.shape)(x, weight, None)
-
-    @property
-    def model(self) -> Eagle3Head:
-        return self.head
+        super().__init__(head, target_embeddings, vocab_size, head.config.capture_layers, head.matrices)
 
     def reset(self, batch_size: int, max_len: int) -> None:
         config = self.head.config
         self.cache = KVCache(1, batch_size, config.num_key_value_heads, max_len, config.head_dim, self.dtype,
                              self.device)
-
-    def free(self) -> None:
-        self.cache = None
 
     @torch.inference_mode()
     def forward(self, tokens: torch.Tensor, hidden: torch.Tensor, start: torch.Tensor, kv_len: int,

@@ -2,33 +2,8 @@
 
 from __future__ import annotations
 
-import torch
-
-from decode.drafting import Drafter, sample_steps
-from decode.sampling import SamplingParams
+from decode.kinds.common.token_drafter import TokenDrafter
 
 
-class IndependentDrafter(Drafter):
-    def prefill(self, state) -> None:
-        prompt_block = state.tokens[:, : state.longest_prompt]
-        start = torch.zeros(state.batch, dtype=torch.long, device=state.tokens.device)
-        no_logits = torch.empty(state.batch, 0, dtype=torch.long, device=state.tokens.device)
-        self.runner.forward(prompt_block, start, state.longest_prompt, logits_at=no_logits)
-
-    def propose(self, state, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
-        start = state.lengths - 2
-        catch_up = state.tokens.gather(1, start[:, None] + torch.arange(2, device=start.device))
-        last = torch.ones(state.batch, 1, dtype=torch.long, device=start.device)
-        logits = self.runner.forward(catch_up, start, kv_len, logits_at=last)
-        return sample_steps(logits, gamma, sampling, state.generator, lambda step, tokens: self.runner.forward(
-            tokens[:, None], state.lengths + step, kv_len), copies)
-
-    def verified(self, state, new_tokens, accepted_counts, start, kv_len) -> None:
-        """Nothing to do: the next round's catch-up feeds the tokens this one added."""
-
-    def prefill_logits(self, tokens: torch.Tensor, length: int, positions: torch.Tensor) -> torch.Tensor:
-        start = torch.zeros(1, dtype=torch.long, device=tokens.device)
-        return self.runner.forward(tokens[:, :length], start, length, logits_at=positions)
-
-    def timed_step(self, tokens: torch.Tensor, start: torch.Tensor, kv_len: int) -> torch.Tensor:
-        return self.runner.forward(tokens, start, kv_len)
+class IndependentDrafter(TokenDrafter):
+    """TokenDrafter as it is: the independent draft drafts as any draft model of its own."""

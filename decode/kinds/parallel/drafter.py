@@ -16,13 +16,14 @@ import torch
 
 from decode.cost_model import DEFAULT_GAMMA
 from decode.drafting import sample_steps
-from decode.kinds.independent.drafter import IndependentDrafter
+from decode.kinds.common.token_drafter import TokenDrafter
+from decode.rows import RowState
 from decode.sampling import SamplingParams
 
 TIMED_GAMMA = DEFAULT_GAMMA  # the round whose draft forward the step costs time as the draft's cost c
 
 
-class ParallelDrafter(IndependentDrafter):
+class ParallelDrafter(TokenDrafter):
     parallel = True
     timed_tokens = TIMED_GAMMA
 
@@ -31,11 +32,11 @@ class ParallelDrafter(IndependentDrafter):
         self.mask_token_id = mask_token_id
         self.catch_up = 1
 
-    def prefill(self, state) -> None:
+    def prefill(self, state: RowState) -> None:
         super().prefill(state)
         self.catch_up = 1
 
-    def propose(self, state, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
+    def propose(self, state: RowState, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
         # no row needs more than its own known tokens, and a window no wider than the longest row ends by kv_len
         width = min(self.catch_up, max(state.lengths_host))
         start = (state.lengths - width).clamp(min=0)
@@ -53,7 +54,7 @@ class ParallelDrafter(IndependentDrafter):
         window = torch.where(positions < lengths[:, None], known, torch.full_like(known, self.mask_token_id))
         return window, lengths - 1 - start
 
-    def verified(self, state, new_tokens, accepted_counts, start, kv_len) -> None:
+    def verified(self, state: RowState, new_tokens, accepted_counts, start, kv_len) -> None:
         self.catch_up = new_tokens.shape[1]  # gamma + 1: this round's first mask position up to the bonus token
 
     def timed_step(self, tokens: torch.Tensor, start: torch.Tensor, kv_len: int) -> torch.Tensor:

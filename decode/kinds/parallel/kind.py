@@ -1,39 +1,36 @@
 """A parallel draft (pair.draft.kind=parallel, PARD-style): a causal LM of its own over the target's tokenizer
 that also learns to read mask tokens where it drafts ahead, so that one forward proposes a whole round. Loaded,
-derived or built fresh as an independent draft, then given its mask token; served in parallel by vLLM
+derived or built fresh as any draft model, then given its mask token; served in parallel by vLLM
 (draft_model with parallel_drafting), token by token by SGLang and llama.cpp."""
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 from torch import nn
 
 from decode.errors import ConfigError, PairError
-from decode.export.job import ExportJob, WrittenDraft
 from decode.export.record import ExportRecord
-from decode.kinds.independent import export
-from decode.kinds.independent.kind import IndependentKind
-from decode.kinds.independent.pruned_head import base_causal_lm
+from decode.kinds.base import written_config
+from decode.kinds.common.mask_token import unused_special_token
+from decode.kinds.common.model_draft import ModelDraftKind
+from decode.kinds.common.pruned_head import base_causal_lm
 from decode.kinds.parallel.drafter import ParallelDrafter
-from decode.kinds.parallel.mask_token import is_parallel_directory, make_parallel, pard_token, unused_special_token
+from decode.kinds.parallel.mask_token import KIND, PARALLEL_FIELDS, is_parallel_config, make_parallel, pard_token
 from decode.kinds.parallel.objective import ParallelObjective
 from decode.models import ModelSpec, eos_token_ids
 
 
-class ParallelKind(IndependentKind):
-    name = "parallel"
+class ParallelKind(ModelDraftKind):
+    name = KIND
     title = "parallel draft"
-
-    def holds(self, draft: nn.Module) -> bool:
-        return pard_token(draft) is not None
+    config_fields = ModelDraftKind.config_fields + PARALLEL_FIELDS
+    vllm_options = {"parallel_drafting": True}  # one forward a round, reading the pard_token its config names
 
     def found_at(self, spec: ModelSpec) -> bool:
-        return is_parallel_directory(Path(spec.path))
+        return super().found_at(spec) or is_parallel_config(written_config(spec))
 
-    def load(self, target, target_tokenizer, spec: ModelSpec):
-        draft, tokenizer = super().load(target, target_tokenizer, spec)
+    def load_model(self, target, target_tokenizer, spec: ModelSpec):
+        draft, tokenizer = super().load_model(target, target_tokenizer, spec)
         own = pard_token(draft)
         if own is not None and spec.mask_token is not None and spec.mask_token != own:
             raise PairError(f"pair.draft.mask_token={spec.mask_token} but the draft at {spec.path} was trained with "
@@ -65,9 +62,6 @@ class ParallelKind(IndependentKind):
     def objective(self, draft: nn.Module, pair, method, device: torch.device) -> ParallelObjective:
         return ParallelObjective(draft, pair.vocab_size, device, pard_token(base_causal_lm(draft)),
                                  method.parallel_tokens, method.parallel_keep, method.parallel_min_keep)
-
-    def export(self, job: ExportJob, staging: Path) -> WrittenDraft:
-        return export.write_draft(job, staging, kind=self.name, parallel=True)
 
     def card_lines(self, record: ExportRecord) -> list[str]:
         return super().card_lines(record) + ["- drafts in parallel: the context and mask tokens (config.json "

@@ -8,11 +8,10 @@ the draft's vocabulary to be the target's). vLLM's parallel drafting reads `pard
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from decode.errors import PairError
+from decode.kinds.common.model_draft import mark_kind
 
+KIND = "parallel"  # pair.draft.kind
 SPD_TYPE = "pard"
 PARALLEL_FIELDS = ("spd_type", "pard_token", "pard_draft_tokens")
 
@@ -25,10 +24,9 @@ def pard_token(model) -> int | None:
     return getattr(config, "pard_token", None)
 
 
-def is_parallel_directory(directory: Path) -> bool:
-    """Whether a model directory holds a parallel draft, by its config.json."""
-    config = Path(directory) / "config.json"
-    return config.is_file() and json.loads(config.read_text()).get("spd_type") == SPD_TYPE
+def is_parallel_config(config: dict) -> bool:
+    """Whether a config.json written before drafts named their kind holds a parallel draft, by PARD's fields."""
+    return config.get("spd_type") == SPD_TYPE
 
 
 def make_parallel(draft, mask_token_id: int, draft_tokens: int | None = None) -> None:
@@ -37,24 +35,8 @@ def make_parallel(draft, mask_token_id: int, draft_tokens: int | None = None) ->
     if not 0 <= mask_token_id < rows:
         raise PairError(f"the mask token id {mask_token_id} is not one of the draft's {rows} embeddings; set "
                         f"pair.draft.mask_token to an id of its vocabulary")
+    mark_kind(draft, KIND)
     draft.config.spd_type = SPD_TYPE
     draft.config.pard_token = mask_token_id
     if draft_tokens is not None:
         draft.config.pard_draft_tokens = draft_tokens
-
-
-def unused_special_token(tokenizer, eos_token_ids: list[int]) -> int:
-    """A token chat text never holds, for the mask: the last special token that is none of end of sequence,
-    beginning, padding or unknown and that the chat template does not write; else the padding token when it is
-    not an end of sequence. PairError when there is none."""
-    template = tokenizer.chat_template or ""
-    taken = set(eos_token_ids) | {tokenizer.bos_token_id, tokenizer.pad_token_id, tokenizer.unk_token_id}
-    candidates = [token_id for token_id, token in sorted(tokenizer.added_tokens_decoder.items())
-                  if token.special and token_id not in taken and token.content not in template]
-    if candidates:
-        return candidates[-1]
-    pad = tokenizer.pad_token_id
-    if pad is not None and pad not in eos_token_ids and tokenizer.pad_token not in template:
-        return pad
-    raise PairError("a parallel draft reads a mask token, and the tokenizer has no special token that chat text "
-                    "never holds: set pair.draft.mask_token to the id of a token your data never contains")

@@ -17,7 +17,7 @@ import torch
 from torch import nn
 
 from decode.kinds.base import DraftStep
-from decode.kinds.independent.objective import NextTokenObjective
+from decode.kinds.common.next_token_objective import NextTokenObjective
 
 
 class ParallelObjective(NextTokenObjective):

@@ -10,7 +10,7 @@ import torch
 from torch import nn
 
 from decode.kinds.base import DraftStep, TrainingObjective
-from decode.kinds.independent.pruned_head import (base_causal_lm, prune_for_training, restore_full_head,
+from decode.kinds.common.pruned_head import (base_causal_lm, prune_for_training, restore_full_head,
                                                    resume_pruned_training)
 
 

@@ -1,4 +1,4 @@
-"""An independent draft's export: HF safetensors (vLLM, SGLang) and a GGUF of the same weights (llama.cpp), each
+"""A draft model's export: HF safetensors (vLLM, SGLang) and a GGUF of the same weights (llama.cpp), each
 read back and decoded against the trained draft before it lands."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from decode.export.engines import ServingTarget, llama_cpp_args, sglang_args, vl
 from decode.export.formats import serving_copy
 from decode.export.gguf import rounded_as_written, write_gguf
 from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
-from decode.kinds.parallel.mask_token import PARALLEL_FIELDS
+from decode.export.record import DraftRecord
 from decode.models import ModelSpec, load_model
+from decode.records import EngineCommands
 from decode.sampling import SamplingParams
 from decode.serving.llama_server import DRAFT_SPEC_TYPE, ServerSpec
 
@@ -25,9 +26,9 @@ from decode.serving.llama_server import DRAFT_SPEC_TYPE, ServerSpec
 MAX_LOGPROB_DIFFERENCE = 1e-2
 
 
-def write_draft(job: ExportJob, staging: Path, kind: str = "causal_lm", parallel: bool = False) -> WrittenDraft:
-    """A draft model of its own: HF safetensors (vLLM, SGLang) and a GGUF of the same weights (llama.cpp);
-    parallel: vLLM drafts with it in parallel (a parallel draft, decode/kinds/parallel/)."""
+def write_draft(job: ExportJob, staging: Path, kind) -> WrittenDraft:
+    """A draft model of its own (of `kind`, a decode/kinds/common/model_draft.py ModelDraftKind): HF safetensors
+    (vLLM, SGLang) and a GGUF of the same weights (llama.cpp)."""
     ctx, settings, draft_spec = job.ctx, job.settings, job.draft_spec
     draft = serving_copy(load_model(ModelSpec(path=draft_spec.path, dtype=draft_spec.dtype, device="cpu")))
     draft.save_pretrained(staging / "draft")
@@ -39,43 +40,48 @@ def write_draft(job: ExportJob, staging: Path, kind: str = "causal_lm", parallel
     checks, engine = {}, None
     if settings.verify_prompts:
         checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, job.decode, job.verify_ids,
-                            job.max_new_tokens, settings.gguf_type)
+                            job.max_new_tokens, settings.gguf_type, kind.config_fields)
         if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
             engine = engine_check(ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma),
                                   job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log",
                                   job.engine_acceptance)
     llama_cpp_gamma, llama_cpp_p_min = job.llama_cpp_settings(engine)
     flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
-                          job.gamma, llama_cpp_gamma, llama_cpp_p_min, parallel)
+                          job.gamma, llama_cpp_gamma, llama_cpp_p_min, kind.vllm_options)
     kept = getattr(draft.config, "draft_vocab", None)
     files = {"vllm": "draft", "sglang": "draft", **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
-    return WrittenDraft(flags, checks, {"draft_kind": kind, "draft_vocab_size": len(kept) if kept else None,
-                                        "files": files}, engine)
+    return WrittenDraft(flags, checks, DraftRecord(draft_kind=kind.name, draft_vocab_size=len(kept) if kept else None,
+                                                   files=files), engine)
 
 
 def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int,
-                  llama_cpp_gamma: int | None = None, llama_cpp_p_min: float = 0.0, parallel: bool = False) -> dict:
-    """The engines' speculative-decoding settings for a draft model of its own, as JSON and argument lists;
-    llama_cpp_gamma and llama_cpp_p_min: what llama.cpp's drafting rule calls for (None: gamma); parallel: vLLM
-    proposes a round in one forward, reading the mask token config.json names (pard_token)."""
-    vllm_config = {"method": "draft_model", "model": str(draft_dir), "num_speculative_tokens": gamma,
-                   **({"parallel_drafting": True} if parallel else {})}
-    flags = {"vllm_speculative_config": vllm_config, "vllm": vllm_args(target, vllm_config),
-             "sglang": sglang_args(target, "STANDALONE", draft_dir, gamma)}
-    if draft_gguf is not None:
-        flags["llama_cpp"] = llama_cpp_args(target, draft_gguf, DRAFT_SPEC_TYPE, llama_cpp_gamma or gamma,
-                                            llama_cpp_p_min)
-    return flags
+                  llama_cpp_gamma: int | None = None, llama_cpp_p_min: float = 0.0,
+                  vllm_options: dict | None = None) -> EngineCommands:
+    """The engines' commands for a draft model of its own; llama_cpp_gamma and llama_cpp_p_min: what llama.cpp's
+    drafting rule calls for (None: gamma); vllm_options: the further --speculative-config entries its kind asks for."""
+    vllm_config = draft_model_config(str(draft_dir), gamma, vllm_options or {})
+    return EngineCommands(
+        vllm_speculative_config=vllm_config, vllm=vllm_args(target, vllm_config),
+        sglang=sglang_args(target, "STANDALONE", draft_dir, gamma),
+        llama_cpp=None if draft_gguf is None else llama_cpp_args(target, draft_gguf, DRAFT_SPEC_TYPE,
+                                                                 llama_cpp_gamma or gamma, llama_cpp_p_min))
+
+
+def draft_model_config(draft_dir: str, gamma: int, options: dict) -> dict:
+    """vLLM's --speculative-config for a draft model of its own."""
+    return {"method": "draft_model", "model": draft_dir, "num_speculative_tokens": gamma, **options}
 
 
 def round_trip(ctx, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path | None,
-               decode: DecodeConfig, prompt_ids: list[list[int]], max_new_tokens: int, gguf_type: str) -> dict:
+               decode: DecodeConfig, prompt_ids: list[list[int]], max_new_tokens: int, gguf_type: str,
+               config_fields: tuple[str, ...]) -> dict:
     """The exported draft(s) reloaded and decoded against the draft as trained: same greedy output, same alpha,
     and the same next-token log-probabilities (to MAX_LOGPROB_DIFFERENCE) over the decoded sequences: alpha alone
     cannot tell two drafts apart where both accept nothing.
 
     The GGUF's reference is the trained draft with its weight matrices rounded as the file stores them (f16,
-    q8_0): a correct file reads back as exactly that, while a wrong tensor layout would not."""
+    q8_0): a correct file reads back as exactly that, while a wrong tensor layout would not. config_fields: the
+    config.json fields the GGUF's metadata does not carry, copied onto the GGUF's reread."""
     greedy, policy = SamplingParams(temperature=0), decode.gamma_policy(dynamic=False)
 
     def decode_with(draft):
@@ -87,7 +93,7 @@ def round_trip(ctx, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path |
     if gguf_path is not None:  # read back as llama.cpp would get it, through transformers' GGUF reader
         reference["gguf"] = decode_with(rounded_as_written(load_model(draft_spec), gguf_type))
         reread = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
-        for field in ("draft_vocab", *PARALLEL_FIELDS):  # config.json fields GGUF metadata does not carry
+        for field in config_fields:
             setattr(reread.config, field, getattr(loaded["hf"].config, field, None))
         loaded["gguf"] = reread.to(dtype=next(loaded["hf"].parameters()).dtype, device=draft_spec.device)
     checks = {"prompts": len(prompt_ids), "alpha_trained": reference["hf"][1]}

@@ -1,11 +1,12 @@
-"""The target's hidden states at an EAGLE-3 head's capture layers, for every token of the training sequences.
+"""The target's hidden states at a head's capture layers, for every token of the training sequences: what a head
+over the target's states trains on.
 
-At position P the head reads g_P: the target's residual stream entering its three capture layers
-(transformers' hidden_states[i] is the input of layer i), low to high, width 3 x target hidden. They are
-computed in batched teacher-forced forwards of the target over the sequences (prompt + answer) and cached
-under <cache>/eagle3-features, keyed by the answers' dataset, the target and the dtype it runs in, the capture
-layers, the storage dtype and the sequences themselves (max_length cuts them), so a rerun or a resumed run reuses
-them once their checksum holds (decode/cache_entries.py).
+At position P the head reads g_P: the target's hidden states at its capture layers (transformers' hidden_states[i]
+is the input of layer i), low to high, width layers x target hidden. They are computed in batched teacher-forced
+forwards of the target over the sequences (prompt + answer) and cached under <cache>/target-features, keyed by
+the answers' dataset, the target and the dtype it runs in, the capture layers, the storage dtype and the sequences
+themselves (max_length cuts them), so a rerun or a resumed run reuses them once their checksum holds
+(decode/cache_entries.py).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from decode.examples import Example, collate
 log = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
+CACHE_FOLDER = "target-features"
 # bfloat16 halves float32's disk and memory and keeps its exponent range: a few channels of the residual
 # stream are very large (float16 could overflow there). Its precision is what the head reads when it
 # serves next to a bf16 target anyway.
@@ -109,7 +111,7 @@ def features_entry(answers_directory: str, target_fingerprint: str, capture_laye
                             "capture_layers": list(capture_layers), "dtype": str(STORAGE_DTYPE),
                             "sequences": tokens.hexdigest()}, sort_keys=True)
     key = hashlib.sha256(described.encode()).hexdigest()[:16]
-    path = cache_root() / "eagle3-features" / f"{Path(answers_directory).name}-{key}.safetensors"
+    path = cache_root() / CACHE_FOLDER / f"{Path(answers_directory).name}-{key}.safetensors"
     return CacheEntry(path, {"target": target_fingerprint}, directory=False)
 
 

@@ -1,0 +1,95 @@
+"""The measuring scripts of scripts/ (gamma_speed, data_scaling, check_engines) run end to end on tiny models: what
+each prints agrees with itself and with the runs it made."""
+
+import json
+import math
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from decode.cost_model import predicted_speedup
+from decode.serving.vllm_server import ServerError, find_python
+from scripts import data_scaling, gamma_speed
+
+ROOT = Path(__file__).resolve().parents[1]
+MODE = re.compile(r"  draft gamma (\d+): ([\d.]+) tok/s = ([\d.]+)x AR \[([\d.]+), ([\d.]+)\], "
+                  r"per-token acceptance ([\d.]+) \(by position ([\d., ]+)\)")
+COSTS = re.compile(r"draft step costs on the prompts' text: AR step [\d.]+ ms, c = ([\d.]+), (.*); predicted (.*)")
+
+
+def test_gamma_speed_prints_every_gamma_beside_ar_and_what_the_step_costs_predict(tmp_path, tiny_pair, capsys):
+    tiny_pair.draft.save_pretrained(tmp_path / "draft")
+    tiny_pair.tokenizer.save_pretrained(tmp_path / "draft")
+    gamma_speed.main([str(tmp_path / "draft"), "--target", "tiny-random", "--prompts", "2", "--gammas", "1", "3",
+                      "--max-new-tokens", "8"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0] == f"draft: {tmp_path / 'draft'} (causal_lm)"
+    assert lines[1].startswith("2 held-out code prompts x 8 tokens, one request at a time, temperature 0.7")
+    ar_rate = float(re.search(r"AR ([\d.]+) tok/s$", lines[1]).group(1))
+    acceptance = {}
+    for line, gamma in zip(lines[2:4], (1, 3)):
+        match = MODE.fullmatch(line)
+        assert match and int(match[1]) == gamma, line
+        rate, ratio, low, high, per_token = (float(match[i]) for i in range(2, 7))
+        by_position = [float(figure) for figure in match[7].split(", ")]
+        assert ratio == pytest.approx(rate / ar_rate, abs=0.01 + 0.1 / ar_rate) and low <= high
+        # per-token acceptance is accepted / tested over all positions: within its positions' range
+        assert 1 <= len(by_position) <= gamma and min(by_position) - 1e-3 <= per_token <= max(by_position) + 1e-3
+        acceptance[gamma] = per_token
+    cost_lines = lines[4:]
+    assert len(cost_lines) == 2  # the prompts' text, twice; random tokens only when asked
+    for line in cost_lines:
+        match = COSTS.fullmatch(line)
+        assert match, line
+        v = dict(re.findall(r"v\((\d+)\) = ([\d.]+)", match[2]))
+        predicted = dict((gamma, speedup) for speedup, gamma in re.findall(r"([\d.]+)x at gamma (\d+)", match[3]))
+        assert set(v) == set(predicted) == {"1", "3"}
+        for gamma in (1, 3):
+            expected = predicted_speedup(acceptance[gamma], gamma, float(match[1]), float(v[str(gamma)]), False)
+            assert float(predicted[str(gamma)]) == pytest.approx(expected, rel=0.03, abs=0.01)
+
+
+@pytest.mark.slow
+def test_data_scaling_runs_each_row_and_tabulates_what_its_run_recorded(tmp_path, capsys):
+    rows = {"one": "+debug=tiny", "two": "+debug=tiny generate.answers_per_prompt=2"}
+    data_scaling.main([str(tmp_path), "--domain", "math", *(f"--row={name}={rows[name]}" for name in rows)])
+    table = [line for line in capsys.readouterr().out.splitlines() if line.startswith("|")]
+    header = [cell.strip() for cell in table[0].strip("|").split("|")]
+    assert header == ["row", "overrides", "target answers", "target tokens", "prompt tokens", "on-policy tokens",
+                      "data CPU-minutes", "steps", "train s", "validation"]
+    assert len(table) == 2 + len(rows)
+    printed = {}
+    for line in table[2:]:
+        cells = dict(zip(header, (cell.strip() for cell in line.strip("|").split("|"))))
+        printed[cells["row"]] = cells
+        assert cells["overrides"] == f"`{rows[cells['row']]}`"
+        summary = json.loads((tmp_path / cells["row"] / "summary.json").read_text())
+        assert int(cells["target answers"]) == summary["generate"]["train_answers"]
+        assert int(cells["target tokens"]) == summary["train"]["answer_tokens"]
+        assert int(cells["steps"]) == summary["train"]["steps"] and cells["on-policy tokens"] == "0"
+        assert cells["validation"] == f"{summary['train']['validation_acceptance_end']:.3f}"
+        assert 0 < float(cells["data CPU-minutes"]) < math.inf
+    assert list(printed) == list(rows)
+    assert int(printed["two"]["target answers"]) == 2 * int(printed["one"]["target answers"])
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+def test_check_engines_reads_the_eagle3_export_with_vllms_own_config_class():
+    """vLLM's modules from its own environment (make vllm), after this environment's packages; SGLang is not
+    installed here, and the script says it did not check it."""
+    try:
+        vllm_python = find_python()
+    except ServerError as error:
+        pytest.fail(f"the check needs vLLM: {error}")
+    site = subprocess.run([vllm_python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    run = (f"import runpy, sys; sys.path.append({site!r}); "
+           "runpy.run_path('scripts/check_engines.py', run_name='__main__')")
+    result = subprocess.run([sys.executable, "-c", run], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
+    assert "ok: vLLM SpeculatorsConfig: {'method': 'eagle3', 'num_speculative_tokens': 3}" in result.stdout
+    assert "layers [0, 1, 3]" in result.stdout and "not checked: sglang is not installed" in result.stdout
