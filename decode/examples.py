@@ -5,19 +5,43 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
 import torch
+
+
+def top_k_arrays(top_ids, top_logprobs) -> tuple[np.ndarray, np.ndarray]:
+    """A sequence's top-k labels, [tokens][k] nested lists or arrays -> int64 ids and float32 log-probabilities
+    [tokens, k], 12 bytes a cell where a nested list holds two Python objects and two pointers (about 70): the main
+    job's labels took over 1 GB as lists. float32 is what the loss reads them in and what the target computes them
+    in."""
+    return _rows(top_ids, np.int64), _rows(top_logprobs, np.float32)
+
+
+def _rows(rows, dtype) -> np.ndarray:
+    array = np.asarray(rows, dtype=dtype)
+    return array.reshape(len(array), -1 if array.size else 0)
 
 
 @dataclass(frozen=True)
 class Example:
     """One training sequence: the chat-formatted prompt and an answer, with the target's top-k
     next-token log-probabilities at each token from labels_from on (the distillation target): the answer's,
-    and the prompt's own from the user's message on where those were labelled too (generate.label_prompts)."""
+    and the prompt's own from the user's message on where those were labelled too (generate.label_prompts).
+    The labels are kept as arrays (top_k_arrays), whatever they are given as."""
 
     input_ids: list[int]
     labels_from: int  # the first token whose target distribution is known
-    target_top_ids: list[list[int]]  # [labelled tokens][k]
-    target_top_logprobs: list[list[float]]
+    target_top_ids: np.ndarray  # [labelled tokens, k]
+    target_top_logprobs: np.ndarray
+
+    def __post_init__(self):
+        top_ids, top_logprobs = top_k_arrays(self.target_top_ids, self.target_top_logprobs)
+        object.__setattr__(self, "target_top_ids", top_ids)
+        object.__setattr__(self, "target_top_logprobs", top_logprobs)
+
+    def as_json(self) -> dict:
+        return {"input_ids": self.input_ids, "labels_from": self.labels_from, "target_top_ids":
+                self.target_top_ids.tolist(), "target_top_logprobs": self.target_top_logprobs.tolist()}
 
     def loss_mask(self) -> list[int]:
         """1 at the positions whose next token is labelled (the logits that predict it)."""
@@ -44,7 +68,7 @@ def collate(examples: list[Example], pad_token_id: int) -> dict:
         attention_mask[row, :length] = 1
         loss_mask[row, :length] = torch.tensor(example.loss_mask())
         labelled = slice(example.labels_from - 1, length - 1)
-        target_ids[row, labelled] = torch.tensor(example.target_top_ids)
-        target_logprobs[row, labelled] = torch.tensor(example.target_top_logprobs)
+        target_ids[row, labelled] = torch.from_numpy(example.target_top_ids)
+        target_logprobs[row, labelled] = torch.from_numpy(example.target_top_logprobs)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
             "target_ids": target_ids, "target_logprobs": target_logprobs}

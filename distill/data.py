@@ -19,9 +19,10 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import datasets
+import numpy as np
 
 from decode.errors import ConfigError, PromptError
-from decode.examples import Example
+from decode.examples import Example, top_k_arrays
 from distill.config import DomainConfig, check_magpie_settings
 from distill.control_tokens import check_system_prompt, without_control_tokens
 from distill.conversations import Message, messages_of, read_conversations, user_turns
@@ -128,9 +129,10 @@ def examples_from_records(records, max_length: int, prompt_labels: bool = False)
             continue
         labels_from, top_ids, top_logprobs = record["prompt_length"], record["target_top_ids"], \
             record["target_top_logprobs"]
-        if prompt_labels and record.get("prompt_top_ids"):
+        if prompt_labels and len(record.get("prompt_top_ids", ())):
             labels_from = record["prompt_labels_from"]
-            top_ids, top_logprobs = record["prompt_top_ids"] + top_ids, record["prompt_top_logprobs"] + top_logprobs
+            top_ids, top_logprobs = joined_labels(top_k_arrays(record["prompt_top_ids"], record["prompt_top_logprobs"]),
+                                                  top_k_arrays(top_ids, top_logprobs))
         labelled = len(ids) - labels_from
         examples.append(Example(ids, labels_from, top_ids[:labelled], top_logprobs[:labelled]))
     if dropped:
@@ -139,21 +141,30 @@ def examples_from_records(records, max_length: int, prompt_labels: bool = False)
     return examples
 
 
+def joined_labels(*spans: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """(ids, log-probabilities) of spans of labelled tokens -> those of the spans one after the other, cut to the
+    narrowest span's k: a server may give an answer fewer log-probabilities than the target here labels its prompt
+    with, and at_one_width cuts every label to the narrowest of all."""
+    width = min(ids.shape[1] for ids, _ in spans if len(ids))
+    return (np.concatenate([ids[:, :width] for ids, _ in spans]),
+            np.concatenate([logprobs[:, :width] for _, logprobs in spans]))
+
+
 def at_one_width(*groups: list[Example]) -> list[list[Example]]:
     """The groups of examples with every labelled token's target cut to its w most likely, w the fewest any token
     of any group has, with a warning where that cuts: a server that gives fewer log-probabilities than asked
     (distill/served_answers.py) records its answers narrower than the target labels here (the prompts' tokens, the
     code excerpts, the served responses it scores), and a batch, like the loss, takes one width. The k most likely
     of a distribution are its first k sorted, so a cut one is what a narrower record would have held."""
-    widths = [len(row) for group in groups for example in group for row in example.target_top_ids]
+    widths = [example.target_top_ids.shape[1] for group in groups for example in group if len(example.target_top_ids)]
     if not widths or min(widths) == max(widths):
         return list(groups)
     width = min(widths)
     log.warning("the target's recorded distributions hold %d to %d most likely tokens (a server gave fewer "
                 "log-probabilities than generate.top_k_logprobs asked): every one is cut to its %d most likely",
                 width, max(widths), width)
-    return [[replace(example, target_top_ids=[row[:width] for row in example.target_top_ids],
-                     target_top_logprobs=[row[:width] for row in example.target_top_logprobs]) for example in group]
+    return [[replace(example, target_top_ids=example.target_top_ids[:, :width],
+                     target_top_logprobs=example.target_top_logprobs[:, :width]) for example in group]
             for group in groups]
 
 

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import datasets
+import numpy as np
 import torch
 from tqdm.auto import tqdm
 
 from decode.cache_entries import CacheEntry
+from decode.examples import top_k_arrays
 from decode.models import cache_root
 from decode.pair import user_turn_template
 from decode.precision import FLOAT32, Precision, choose_precision, cpu_bf16_speedup, too_small_to_time
@@ -208,10 +210,11 @@ def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids:
                                          "prompt_length": len(prompt_ids[row]),
                                          "stopped_by_eos": result.stopped_by_eos[index]}
                 if top_k_logprobs:
-                    answer["target_top_ids"], answer["target_top_logprobs"] = result.top_logprobs[index]
+                    answer["target_top_ids"], answer["target_top_logprobs"] = top_k_arrays(*result.top_logprobs[index])
                 if label_prompts_from is not None:
                     answer["prompt_labels_from"] = label_prompts_from[row]
-                    answer["prompt_top_ids"], answer["prompt_top_logprobs"] = result.prompt_top_logprobs[index]
+                    answer["prompt_top_ids"], answer["prompt_top_logprobs"] = top_k_arrays(
+                        *result.prompt_top_logprobs[index])
             bar.update(len(rows))
     return answers
 
@@ -256,11 +259,11 @@ def prompt_label_starts(prompt_ids: list[list[int]], user_template: list[int] | 
 
 
 def top_k_labels(runner: CausalLMRunner, sequences: list[list[int]], starts: list[int], top_k_logprobs: int,
-                 precision: Precision = FLOAT32, batch_size: int = LABEL_BATCH) -> list[tuple[list, list]]:
+                 precision: Precision = FLOAT32, batch_size: int = LABEL_BATCH) -> list[tuple[np.ndarray, np.ndarray]]:
     """-> per sequence, (top ids, top log-probabilities) of the runner model at the logits that predict each of
     its tokens from starts[i] on (none where starts[i] is its length): one forward per batch of sequences of
     similar length, right-padded (a causal model's logits at a position never see the padding after it)."""
-    labels: list[tuple[list, list]] = [([], []) for _ in sequences]
+    labels = [top_k_arrays([], []) for _ in sequences]
     order = [i for i in sorted(range(len(sequences)), key=lambda i: len(sequences[i])) if starts[i] < len(sequences[i])]
     for begin in range(0, len(order), batch_size):
         rows = order[begin: begin + batch_size]
@@ -277,11 +280,17 @@ def top_k_labels(runner: CausalLMRunner, sequences: list[list[int]], starts: lis
         with precision.autocast():
             logits = runner.forward(ids, torch.zeros(len(rows), dtype=torch.long, device=runner.device), width,
                                     logits_at=logits_at)
-        top = torch.topk(torch.log_softmax(logits.float(), dim=-1), top_k_logprobs, dim=-1)
         for row, (i, count) in enumerate(zip(rows, counts)):
-            labels[i] = (top.indices[row, :count].tolist(), top.values[row, :count].tolist())
+            labels[i] = top_k_of(logits[row, :count], top_k_logprobs)
     runner.free()
     return labels
+
+
+def top_k_of(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """logits [positions, V] of one sequence -> its labels (top_k_arrays). One row at a time: the float32
+    log-probabilities of a whole batch of code excerpts ([8, 160, 49,152]) took 250 MB, twice."""
+    top = torch.topk(torch.log_softmax(logits.float(), dim=-1), k, dim=-1)
+    return top_k_arrays(top.indices.cpu().numpy(), top.values.cpu().numpy())
 
 
 def labelling_bound(runner: CausalLMRunner, records: list[dict], top_k_logprobs: int, precision: Precision,

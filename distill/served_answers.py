@@ -71,6 +71,7 @@ from typing import Iterator
 from tqdm.auto import tqdm
 
 from decode.errors import ConfigError, SpecdraftError
+from decode.examples import top_k_arrays
 from decode.models import ModelSpec, gguf_path
 from decode.sampling import SamplingParams
 from decode.serving.llama_server import AS_DECODE_SAMPLES, LlamaServer, ServerSpec
@@ -184,8 +185,9 @@ class ServedAnswers:
                         "(raise the engine's cap, e.g. vLLM --max-logprobs %d)", width, k, width, width, k)
             self.warned_narrow = True
         for record, (_, top) in zip(records, served):
-            record["target_top_ids"] = [[token for token, _ in entries[:width]] for entries in top]
-            record["target_top_logprobs"] = [[log_prob for _, log_prob in entries[:width]] for entries in top]
+            record["target_top_ids"], record["target_top_logprobs"] = top_k_arrays(
+                [[token for token, _ in entries[:width]] for entries in top],
+                [[log_prob for _, log_prob in entries[:width]] for entries in top])
         return records
 
     def _client(self, slot_tokens: int) -> "AnswerClient":

@@ -17,9 +17,9 @@ def target_mass(examples: list[Example]) -> Counter:
     """Per token id, the target's probability summed over every answer position (from its recorded top-k)."""
     mass: Counter = Counter()
     for example in examples:
-        for ids, log_probs in zip(example.target_top_ids, example.target_top_logprobs):
-            for token, log_prob in zip(ids, log_probs):
-                mass[token] += math.exp(log_prob)
+        tokens, log_probs = example.target_top_ids.ravel().tolist(), example.target_top_logprobs.ravel().tolist()
+        for token, log_prob in zip(tokens, log_probs):
+            mass[token] += math.exp(log_prob)
     return mass
 
 

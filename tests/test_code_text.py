@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from decode.errors import ConfigError
-from decode.precision import FLOAT32
+from decode.precision import FLOAT32, Precision
 from distill.code_text import code_excerpts, excerpt_records, labelled_code_text
+from distill.generate import top_k_labels
 
 
 @pytest.fixture
@@ -75,3 +76,27 @@ def test_a_code_root_without_functions_is_refused_with_what_to_change(tiny_pair,
     with pytest.raises(ConfigError, match="domain.code_root"):
         labelled_code_text(tiny_pair.target_runner, tiny_pair.tokenizer, "unit", "t", 4, 40, 0, None, 5,
                            lambda runner: FLOAT32, create=True, root=tmp_path)
+
+
+@pytest.mark.parametrize("precision", [FLOAT32, Precision(dtype=torch.bfloat16)])
+def test_labels_taken_a_sequence_at_a_time_are_those_of_the_whole_batch_to_the_bit(tiny_pair, packages, precision,
+                                                                                  monkeypatch):
+    """The labelling forward's log-softmax and top-k run over one sequence's logits at a time (so that a batch's
+    float32 log-probabilities never exist at once): exactly what the whole batch's logits give."""
+    runner = tiny_pair.target_runner()
+    records = excerpt_records(tiny_pair.tokenizer, code_excerpts(packages, 2, seed=0), 40, None)
+    sequences, starts = [r["input_ids"] for r in records], [r["prompt_length"] for r in records]
+    forward, batches = runner.forward, []
+
+    def kept(*args, **kwargs):
+        batches.append(forward(*args, **kwargs))
+        return batches[-1]
+
+    monkeypatch.setattr(runner, "forward", kept)
+    labels = top_k_labels(runner, sequences, starts, 5, precision, batch_size=2)
+    (logits,) = batches  # both sequences in one forward
+    whole = torch.topk(torch.log_softmax(logits.float(), dim=-1), 5, dim=-1)
+    for row, i in enumerate(sorted(range(2), key=lambda i: len(sequences[i]))):
+        count = len(sequences[i]) - starts[i]
+        assert torch.equal(torch.from_numpy(labels[i][0]), whole.indices[row, :count])
+        assert torch.equal(torch.from_numpy(labels[i][1]), whole.values[row, :count])

@@ -53,9 +53,10 @@ def test_the_on_policy_source_is_a_function_of_the_seed(tiny_pair):
     assert sorted(first.prompts_for(0)) == sorted(list(range(len(PROMPTS))) * 2)
     examples, _ = first.sample(draft, first.prompts_for(0), refresh=0)
     repeated, _ = again.sample(draft, again.prompts_for(0), refresh=0)
-    assert [(e.input_ids, e.target_top_ids) for e in examples] == [(e.input_ids, e.target_top_ids) for e in repeated]
+    assert [(e.input_ids, e.target_top_ids.tolist()) for e in examples] == \
+        [(e.input_ids, e.target_top_ids.tolist()) for e in repeated]
     for one, other in zip(examples, repeated):
-        assert one.target_top_logprobs == other.target_top_logprobs
+        assert one.target_top_logprobs.tolist() == other.target_top_logprobs.tolist()
     other_seed = sampler(tiny_pair, seed=6, answers_per_prompt=2)
     assert answers_of(other_seed.sample(draft, first.prompts_for(0), refresh=0)[0]) != answers_of(examples)
 
@@ -87,7 +88,7 @@ def test_teacher_forced_labels_equal_the_top_k_that_generation_records(tiny_pair
         assert len(forced["target_top_ids"]) == len(recorded["target_top_ids"]) > 0
         torch.testing.assert_close(torch.tensor(forced["target_top_logprobs"]),
                                    torch.tensor(recorded["target_top_logprobs"]), rtol=1e-4, atol=1e-4)
-        assert forced["target_top_ids"] == recorded["target_top_ids"]
+        assert forced["target_top_ids"].tolist() == recorded["target_top_ids"].tolist()
 
 
 def test_prompt_labels_made_while_answering_equal_a_labelling_pass_of_their_own(tiny_pair, monkeypatch):
@@ -107,7 +108,7 @@ def test_prompt_labels_made_while_answering_equal_a_labelling_pass_of_their_own(
     for answer, own, alone in zip(plain, labelled, separately):
         assert own["input_ids"] == answer["input_ids"]
         assert own["prompt_labels_from"] == alone["prompt_labels_from"] == len(template)
-        assert own["prompt_top_ids"] == alone["prompt_top_ids"] and len(own["prompt_top_ids"]) == \
+        assert own["prompt_top_ids"].tolist() == alone["prompt_top_ids"].tolist() and len(own["prompt_top_ids"]) == \
             own["prompt_length"] - len(template) > 0
         torch.testing.assert_close(torch.tensor(own["prompt_top_logprobs"]),
                                    torch.tensor(alone["prompt_top_logprobs"]), rtol=1e-4, atol=1e-4)

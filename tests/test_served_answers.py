@@ -17,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import datasets
+import numpy as np
 import pytest
 
 from decode.errors import ConfigError
@@ -83,7 +84,7 @@ def test_greedy_answers_from_llama_server_have_the_recorded_format(tiny_pair, ll
         assert 0 < len(answer) <= 12 and record["stopped_by_eos"] == (answer[-1] in tiny_pair.eos_token_ids)
         assert len(record["target_top_ids"]) == len(record["target_top_logprobs"]) == len(answer)
         assert all(len(ids) == 8 for ids in record["target_top_ids"])
-        assert all(row == sorted(row, reverse=True) for row in record["target_top_logprobs"])
+        assert all(row == sorted(row, reverse=True) for row in record["target_top_logprobs"].tolist())
         assert [ids[0] for ids in record["target_top_ids"]] == answer  # greedy: the most likely recorded
         assert [ids[0] for ids in record["target_top_ids"]] == [ids[0] for ids in scored["target_top_ids"]]
         assert close_enough(record["target_top_logprobs"], scored["target_top_logprobs"])
@@ -197,8 +198,9 @@ def test_fewer_log_probabilities_than_asked_are_recorded_as_given_with_one_warni
                 show_progress=False)
     assert records[0]["input_ids"] == [1, 2, 3, 7, 9, 257] and records[0]["prompt_length"] == 3
     assert records[0]["stopped_by_eos"]
-    assert records[0]["target_top_ids"] == [[3, 4], [9, 8], [257, 8]]  # the sampled 7 is not among the top 2
-    assert records[0]["target_top_logprobs"] == [[-0.6, -1.0], [-0.2, -1.8], [-0.1, -3.0]]
+    assert records[0]["target_top_ids"].tolist() == [[3, 4], [9, 8], [257, 8]]  # the sampled 7 is not in the top 2
+    # in float32, as the loss reads them
+    assert records[0]["target_top_logprobs"].tolist() == np.float32([[-0.6, -1.0], [-0.2, -1.8], [-0.1, -3.0]]).tolist()
     assert caplog.text.count("gave 2 log-probabilities") == 1 and "the loss sees those 2" in caplog.text
     bodies = sorted((body for _, body in requests), key=lambda body: body["seed"])
     assert [body["prompt"] for body in bodies] == [[1, 2, 3], [4, 5]] and [b["seed"] for b in bodies] == [10, 11]

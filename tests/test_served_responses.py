@@ -189,7 +189,7 @@ def test_matching_served_responses_are_scored_by_the_target_not_generated(tiny_p
         assert record["prompt_length"] == len(prompt_ids) and record["stopped_by_eos"] is stopped
         [alone] = score_answers(tiny_pair.target_runner(), [{"input_ids": record["input_ids"],
                                                              "prompt_length": len(prompt_ids)}], 4)
-        assert record["target_top_ids"] == alone["target_top_ids"]
+        assert record["target_top_ids"] == alone["target_top_ids"].tolist()
         assert record["target_top_logprobs"] == [pytest.approx(row, abs=1e-5) for row in alone["target_top_logprobs"]]
     # the served responses determine the data: another response, another key; the same ones, the cache
     plain = [Prompt(p.id, p.text, p.split) for p in prompts]

@@ -229,6 +229,15 @@ def test_a_run_is_finished_when_the_same_stages_ran_with_the_same_settings(compo
         assert finished_summary(config, tmp_path, train_config.as_dict(config)) is None, changed
 
 
+def test_a_run_prints_and_records_its_peak_memory(tmp_path):
+    result = run_cli(["+domain=chat", "+debug=tiny", "stages=[generate]", f"run_dir={tmp_path / 'run'}"], tmp_path)
+    assert result.returncode == 0, result.stderr[-3000:]
+    peak = json.loads((tmp_path / "run" / "summary.json").read_text())["peak_memory"]
+    assert peak["resident_gb"] > 0.1  # torch alone takes more
+    summary_lines = result.stdout.strip().splitlines()
+    assert summary_lines[-2] == f"peak memory: {peak['resident_gb']:.2f} GB resident"  # above the run directory
+
+
 # ---- training on the tiny pair -------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
@@ -379,7 +388,7 @@ def test_recorded_distributions_are_the_targets_own(tiny_pair):
     with torch.no_grad():
         logits = tiny_pair.target(torch.tensor([record["input_ids"]])).logits[0, len(prompt) - 1: -1]
     top = torch.topk(torch.log_softmax(logits.float(), -1), 5)
-    assert record["target_top_ids"] == top.indices.tolist()
+    assert record["target_top_ids"].tolist() == top.indices.tolist()
     torch.testing.assert_close(torch.tensor(record["target_top_logprobs"]), top.values, rtol=1e-4, atol=1e-5)
 
 

@@ -28,7 +28,6 @@ import yaml
 from accelerate import Accelerator
 from omegaconf import DictConfig
 
-from decode.allocator import reuse_freed_memory
 from decode.cli import CONFIG_PATH, check_command_line, exit_on_user_error, register_help
 from decode.files import write_text
 from decode.models import resolve_device
@@ -43,7 +42,6 @@ register_help("train", __doc__)
 
 @hydra.main(config_path=CONFIG_PATH, config_name="train", version_base=None)
 def run(cfg: DictConfig) -> None:
-    reuse_freed_memory()  # each training step makes and frees tensors of 100+ MB (decode/allocator.py)
     with exit_on_user_error():
         config = train_config.load(cfg)
         validate(config)

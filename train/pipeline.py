@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from decode.allocator import peak_memory, peak_memory_line
 from decode.context import RunContext
 from decode.errors import ConfigError, ExportError, PromptError
 from decode.files import check_writable_directory, write_json
@@ -238,7 +239,8 @@ class Pipeline:
                 finished_with[name] = settings_digest(self.plain_config)
         identity = {"domain": config.domain.name, "method": config.method.name, "draft_kind": ctx.pair.kind.name,
                     "run_dir": str(ctx.run_dir)}
-        summary = {**roll_up(ctx.run_dir, identity, stage_seconds), "finished_with": finished_with}
+        summary = {**roll_up(ctx.run_dir, identity, stage_seconds), "finished_with": finished_with,
+                   "peak_memory": peak_memory(ctx.accelerator.device)}
         if ctx.is_main_process:
             write_json(summary_path, summary)
         ctx.tracker.summary(summary)
@@ -294,6 +296,8 @@ def format_summary(summary: dict, run_dir: Path) -> str:
         lines.append(f"export: {Path(exported.export_path).resolve()}"
                      + ("" if exported.evaluated else " (exported without an eval of this draft)"))
     lines.append(f"summary: {(run_dir / SUMMARY).resolve()}")
+    if summary.get("peak_memory"):  # of the command that wrote the summary
+        lines.append(peak_memory_line(summary["peak_memory"]))
     return "\n".join(lines)
 
 

@@ -25,7 +25,6 @@ under any number of processes and either kind of parallelism (train/fsdp.py, tra
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import logging
 import math
@@ -38,6 +37,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
+from decode.allocator import freed_memory_reused
 from decode.errors import ConfigError, TrainingDiverged
 from decode.examples import Example
 from decode.kinds.base import TrainingObjective
@@ -164,7 +164,8 @@ class DistillationRecipe:
         if self.step == 0 and self.validation_examples:
             history["validation_acceptance_start"] = self.validation_acceptance()
             self.tracker.log({"validation/expected_acceptance": history["validation_acceptance_start"]}, step=0)
-        with bar:
+        # each step makes and frees tensors of 100+ MB: kept for the next step's (decode/allocator.py)
+        with bar, freed_memory_reused():
             while self.step < self.total_steps:
                 loss = history["final_loss"] = self._optimizer_step(self._micro_batches(self.step))
                 self.step += 1
@@ -392,7 +393,7 @@ class DistillationRecipe:
         files = {}
         if self.on_policy_pool:  # a resumed run goes on with the samples this one was training on
             files["on_policy.json"] = json.dumps({"epoch": self.on_policy_refresh,
-                                                  "examples": [dataclasses.asdict(e) for e in self.on_policy_pool]})
+                                                  "examples": [e.as_json() for e in self.on_policy_pool]})
         trainer = {"step": self.step, "autocast": self.precision.name, "processes": self.accelerator.num_processes,
                    "history": self.history, "step_acceptance": self.step_acceptance}
         self.checkpoints.save(self.step, self.draft, self.optimizer, self.scheduler, trainer, files)
