@@ -8,8 +8,8 @@ of its pages. A training step makes several: the draft's 49,152 x 576 embedding 
 reused ones. Raising the mmap and trim thresholds keeps such blocks in the heap for reuse: the default pair's
 training step went from 0.53 to 0.39 s on a 2-core Zen 4. Only while training: a heap that keeps every freed
 block stays as large as the most it ever held, and the generate stage's labelling and the freed copy of a converted
-GGUF target then stayed resident through the main job (its peak went from 4.9 to ... GB). Elsewhere (macOS, musl,
-Windows) nothing changes.
+GGUF target then stayed resident through the rest of the main job. Elsewhere (macOS, musl, Windows) nothing
+changes.
 """
 
 from __future__ import annotations

@@ -30,6 +30,10 @@ from decode.storage import storage_problem
 CONFIG_PATH = "pkg://conf"
 # the lines of Hydra's and OmegaConf's messages about their own workings, left out of a user's error
 HYDRA_DETAILS = ("Config search path", "provider=", "reference_type=", "object_type=")
+# the settings only one kind of draft reads, moved from the sections all kinds share to pair.draft.settings
+MOVED_TO_KIND_SETTINGS = ("pair.draft.capture_layers", "pair.draft.mask_token", "method.ttt_steps",
+                          "method.ttt_step_weight", "method.parallel_tokens", "method.parallel_keep",
+                          "method.parallel_min_keep")
 GROUP_OPTION_FAILED = re.compile(r"In '(?P<group>[\w-]+)/(?P<option>[\w.-]+)': (?P<reason>.*)")
 KEY_NOT_IN = re.compile(r"Key '(?P<key>[^']+)' not in '[^']+'")
 
@@ -103,6 +107,10 @@ def check_key(schema: type, key: str) -> None:
     no dataclass (a dict, a list) any key goes."""
     if key == "hydra" or key.startswith("hydra.") or "/" in key:  # Hydra's own, or a group by its path
         return
+    if key in MOVED_TO_KIND_SETTINGS:
+        name = key.rsplit(".", 1)[1]
+        raise ConfigError(f"{key} is now a setting of the draft's kind: +pair.draft.settings.{name}=... "
+                          f"(docs/configuration.md)")
     parts = key.split(".")
     node = schema
     for depth, part in enumerate(parts):

@@ -76,6 +76,6 @@ class ExportConfig:
     gguf_type: str = "q8_0"  # f32 | f16 | q8_0: q8_0 keeps the draft small next to a quantized target
     verify_prompts: int = 4  # reload the exported draft(s) and check greedy output and alpha on this many prompts
     engine_check: bool = True  # also serve draft.gguf with llama-server on those prompts, when it is installed
-    # also serve draft/ with vLLM beside the target alone on those prompts (decode/export/vllm_check.py): two server
-    # starts, minutes on a CPU; skipped (and said so) where vLLM is not installed
+    # also serve draft/ with vLLM beside the target alone on those prompts (decode/export/vllm_engine_check.py): two
+    # server starts, minutes on a CPU; skipped (and said so) where vLLM is not installed
     vllm_check: bool = False

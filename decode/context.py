@@ -1,5 +1,5 @@
 """What the stages of one run share: the run directory, the pair, the device and the tracker. What each stage
-produced is in its record (decode/results.py)."""
+produced is in its record (decode/stage_results.py)."""
 
 from __future__ import annotations
 

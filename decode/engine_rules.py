@@ -18,7 +18,7 @@ from typing import Mapping
 
 from decode.acceptance_rules import rates_by_cutoff
 from decode.cost_model import best_gamma, best_gamma_and_cutoff, predicted_speedup
-from decode.records import AcceptanceFigures, EngineFigures
+from decode.figures import AcceptanceFigures, EngineFigures
 
 ENGINE_RULES = {"vllm": "greedy", "sglang": "greedy", "llama_cpp": "greedy"}
 ENGINE_NAMES = {"vllm": "vLLM", "sglang": "SGLang", "llama_cpp": "llama.cpp"}

@@ -4,6 +4,7 @@ every draft kind's training objective reads (decode/kinds/)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NotRequired, TypedDict
 
 import numpy as np
 import torch
@@ -49,13 +50,37 @@ class Example:
         return [1 if self.labels_from - 1 <= position < length - 1 else 0 for position in range(length)]
 
 
-def collate(examples: list[Example], pad_token_id: int) -> dict:
-    """-> input_ids, attention_mask, loss_mask [B, T]; target_ids, target_logprobs [B, T, k], right-padded.
+class Batch(TypedDict):
+    """Examples as tensors, right-padded (collate), with what else a draft reads beside them."""
+
+    input_ids: torch.Tensor  # [B, T]
+    attention_mask: torch.Tensor  # [B, T]: 1 on the sequence, 0 on padding
+    loss_mask: torch.Tensor  # [B, T]: 1 where the next token is labelled
+    target_ids: torch.Tensor  # [B, T, k]: the target's top-k next tokens
+    target_logprobs: torch.Tensor  # [B, T, k]: their log-probabilities
+    # [B, T, layers x the target's hidden size]: the target's states a head over them reads
+    # (decode/kinds/common/target_features.py)
+    target_hidden: NotRequired[torch.Tensor]
+
+
+# bf16 autocast on a CPU keeps about 13 MB of oneDNN kernels for every batch shape it has run, for the life of the
+# process: the main job's batches came in some 250 lengths and held 3 GB of them by the end of training
+LENGTH_STEP = 32
+
+
+def padded_width(longest: int) -> int:
+    """A batch's length: its longest sequence's, rounded up to a multiple of LENGTH_STEP."""
+    return -(-longest // LENGTH_STEP) * LENGTH_STEP
+
+
+def collate(examples: list[Example], pad_token_id: int) -> Batch:
+    """-> input_ids, attention_mask, loss_mask [B, T]; target_ids, target_logprobs [B, T, k], right-padded to
+    padded_width.
 
     Positions outside the loss mask get a uniform stand-in target, so that no NaN is ever computed
     there (a NaN would reach the gradient through the mask).
     """
-    width = max(len(example.input_ids) for example in examples)
+    width = padded_width(max(len(example.input_ids) for example in examples))
     k = len(examples[0].target_top_ids[0])
     input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(examples), width), dtype=torch.long)

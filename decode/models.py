@@ -17,9 +17,9 @@ import logging
 import os
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Dict, Optional
 
 import torch
 from safetensors import SafetensorError, safe_open
@@ -50,12 +50,10 @@ class ModelSpec:
     # target's hidden states) | parallel (a model of its own proposing a whole round in one forward) | dflash (a
     # head over the target's hidden states proposing a whole block in one forward)
     kind: str = "causal_lm"
-    # eagle3: the 3 target layers whose inputs it reads; None: [2, N // 2, N - 3]. dflash: the target layers whose
-    # outputs it reads; None: one per head layer, spread over 1 .. N - 3 (decode/kinds/dflash/head.py)
-    capture_layers: Optional[List[int]] = None
-    # parallel, dflash: the token id the draft reads where it drafts ahead; None: the draft's own, else a special
-    # token chat text never holds (decode/kinds/parallel/mask_token.py)
-    mask_token: Optional[int] = None
+    # draft only: the settings of its kind, each kind's dataclass in decode/kinds/<kind>/settings.py (an eagle3 head's
+    # capture_layers and ttt_steps, a parallel draft's mask_token and parallel_tokens, ...), e.g.
+    # +pair.draft.settings.capture_layers=[2,15,27]; checked against its kind's when the draft loads
+    settings: Dict[str, Any] = field(default_factory=dict)
     revision: str | None = None
     trust_remote_code: bool = False
 

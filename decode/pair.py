@@ -8,7 +8,7 @@ import torch
 
 from decode.errors import PairError
 from decode.kinds.base import DraftKind
-from decode.kinds.registry import kind_for, kind_of
+from decode.kinds.registry import kind_for, kind_of, kind_settings
 from decode.models import ModelSpec, eos_token_ids, load_model, load_tokenizer, make_runner
 from decode.speculative import SpeculativeDecoder
 
@@ -86,12 +86,12 @@ def check_pair(target, draft, target_tok, draft_tok, check_chat_template: bool =
 
 def load_draft(target, target_tokenizer, spec: ModelSpec) -> tuple[torch.nn.Module, object]:
     """-> (draft, its tokenizer): a model at spec.path, else a fresh or derived draft over the target's tokenizer;
-    its kind loads it (decode/kinds/)."""
+    its kind loads it (decode/kinds/) with the settings spec gives it."""
     kind = kind_for(spec)
     parameter = next(target.parameters())  # a draft without its own dtype or device takes the target's
     spec = replace(spec, dtype=spec.dtype or str(parameter.dtype).removeprefix("torch."),
                    device=spec.device or str(parameter.device))
-    return kind.load(target, target_tokenizer, spec)
+    return kind.load(target, target_tokenizer, spec, kind_settings(kind, spec.settings))
 
 
 def load_pair(target_spec: ModelSpec, draft_spec: ModelSpec, check_chat_template: bool = True) -> ModelPair:

@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 
 from decode.cost_model import predicted_speedup
-from decode.records import StepCostFigures
+from decode.figures import StepCostFigures
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams, probs_from_logits, sample, sample_from_logits
 from decode.speculative import SpeculativeDecoder, verify

@@ -62,7 +62,7 @@ class GenerateConfig:
     # target a batch): the draft also learns the target on the prompts' text (BENCHMARKS.md)
     label_prompts: bool = True
     autocast: str = "auto"  # bf16 autocast of the target's forwards: auto (CPU: only where measured faster) | bf16 | off
-    # who answers (distill/served_answers.py): in_process (the target here) | server (an OpenAI-compatible server
+    # who answers (distill/answers_from_server.py): in_process (the target here) | server (an OpenAI-compatible server
     # at server_url: vLLM, SGLang, llama-server) | llama_server (started here on loopback for the target's GGUF)
     answers: str = "in_process"
     server_url: Optional[str] = None  # answers=server: its base URL, e.g. http://127.0.0.1:8000/v1

@@ -153,7 +153,7 @@ def joined_labels(*spans: tuple[np.ndarray, np.ndarray]) -> tuple[np.ndarray, np
 def at_one_width(*groups: list[Example]) -> list[list[Example]]:
     """The groups of examples with every labelled token's target cut to its w most likely, w the fewest any token
     of any group has, with a warning where that cuts: a server that gives fewer log-probabilities than asked
-    (distill/served_answers.py) records its answers narrower than the target labels here (the prompts' tokens, the
+    (distill/answers_from_server.py) records its answers narrower than the target labels here (the prompts' tokens, the
     code excerpts, the served responses it scores), and a batch, like the loss, takes one width. The k most likely
     of a distribution are its first k sorted, so a cut one is what a narrower record would have held."""
     widths = [example.target_top_ids.shape[1] for group in groups for example in group if len(example.target_top_ids)]

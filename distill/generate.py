@@ -35,7 +35,7 @@ from decode.speculative import SpeculativeDecoder
 from distill.conversations import regenerated_turns
 from distill import served_responses
 from distill.data import Prompt
-from distill.served_answers import IN_PROCESS, ServedAnswers
+from distill.answers_from_server import IN_PROCESS, ServedAnswers
 from distill.throughput import LabelRate
 
 log = logging.getLogger(__name__)
@@ -62,7 +62,7 @@ class Generated(NamedTuple):
 def cache_key(target_fingerprint: str, domain: str, prompts: list[Prompt], sampling: SamplingParams,
               max_new_tokens: int, seed: int, system_prompt: str | None, top_k_logprobs: int,
               source: str = IN_PROCESS, prompt_labels: bool = False) -> str:
-    """source: where the answers come from (distill/served_answers.py answer_source), so that answers from
+    """source: where the answers come from (distill/answers_from_server.py answer_source), so that answers from
     different servers never mix; in-process answers keep the keys they had before there were other sources.
     prompt_labels: the records carry the target's labels at the prompts' tokens too (label_prompts)."""
     described = {
@@ -312,7 +312,7 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
                      served: ServedAnswers | None = None,
                      prompt_labelling: Precision | None = None) -> Generated:
     """-> the dataset, its cache directory, whether it came from the cache, what labelling the prompts cost. `served`: a server answers instead
-    of the target here (generate.answers, distill/served_answers.py). `prompt_labelling`: the precision of the
+    of the target here (generate.answers, distill/answers_from_server.py). `prompt_labelling`: the precision of the
     target's forward that labels the prompts' tokens too (label_prompts); None: only the answers are labelled."""
     key = cache_key(target_fingerprint, domain, prompts, sampling, max_new_tokens, seed, system_prompt,
                     top_k_logprobs, served.source if served else IN_PROCESS, prompt_labelling is not None)

@@ -20,14 +20,14 @@ from decode.errors import ConfigError
 from decode.models import model_fingerprint
 from decode.precision import FLOAT32, Precision
 from distill.config import DomainConfig, GenerateConfig
-from decode.results import GenerateResult
+from decode.stage_results import GenerateResult
 from distill.code_text import labelled_code_text
 from distill.data import DomainPrompts, components_count
 from distill.generate import (BOUND_SEQUENCES, answer_batch_size, cache_key, dataset_directory, generate_dataset,
                               generation_precision, labelling_bound, labelling_precision, load_cached_dataset)
 from distill.throughput import LabelRate
 from distill.magpie import with_target_written_prompts
-from distill.served_answers import answer_source, answering_server
+from distill.answers_from_server import answer_source, answering_server
 from distill.served_responses import SERVED
 
 log = logging.getLogger(__name__)
@@ -49,7 +49,7 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
     """-> ({"train": answers, "validation": answers}, the record); generated when `create`, else looked up.
 
     The target's forwards run in the precision generate.autocast asks for, decided once, when answers are missing;
-    with generate.answers=server or llama_server a server answers instead (distill/served_answers.py).
+    with generate.answers=server or llama_server a server answers instead (distill/answers_from_server.py).
     """
     sampling = settings.sampling(decode)
     source = answer_source(settings)

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 from decode.acceptance_rules import RULES
 from decode.cost_model import MAX_GAMMA, best_gamma, expected_tokens_per_round, round_cost, verify_cheaper_than_ar
 from decode.metrics import DecodeMetrics
-from decode.records import AcceptanceFigures, RuleFigures
+from decode.figures import AcceptanceFigures, RuleFigures
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy, SpeculativeDecoder
 from decode.step_costs import StepCosts

@@ -12,7 +12,7 @@ reported too: a draft that beats our AR may still lose to another engine's.
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -26,7 +26,7 @@ from decode.files import published, write_json, write_text
 from decode.metrics import DecodeMetrics
 from decode.models import ModelSpec
 from decode.pair import ModelPair, check_pair, load_draft, load_pair
-from decode.records import AcceptanceFigures
+from decode.figures import AcceptanceFigures
 from distill.data import load_domain_prompts, read_prompts_by_domain, shipped_domains
 from decode.step_costs import StepCosts, measure_step_costs, text_of
 from distill.domains import domain_config
@@ -181,15 +181,24 @@ def advice(drafts: dict[str, dict]) -> list[str]:
     return lines
 
 
-def build_report(pair_config: PairConfig, decode: DecodeConfig, settings: ReportConfig, seed: int,
-                 target_parameters: int, drafts: list[Draft], decodes: dict[str, Decodes],
-                 step_costs: dict[str, StepCosts | None] | None = None,
-                 baselines: dict[str, dict] | None = None) -> dict:
-    """All figures in one plain dict: the first draft's at the top, every draft's under `drafts` when several.
+@dataclass
+class Measurements:
+    """What the report is computed from: the target's parameter count, the drafts, each domain's decodes,
+    step_costs (draft label -> its measured costs: the prediction, the recommended gamma) and baselines (domain ->
+    eval/baselines.py's AR tok/s of each engine on the domain's first prompts)."""
 
-    step_costs: draft label -> its measured costs (the prediction, the recommended gamma); baselines: domain ->
-    eval/baselines.py's AR tok/s of each engine on the domain's first prompts."""
-    step_costs, baselines = step_costs or {}, baselines or {}
+    target_parameters: int
+    drafts: list[Draft]
+    decodes: dict[str, Decodes]
+    step_costs: dict[str, StepCosts | None] = field(default_factory=dict)
+    baselines: dict[str, dict] = field(default_factory=dict)
+
+
+def build_report(pair_config: PairConfig, decode: DecodeConfig, settings: ReportConfig, seed: int,
+                 measured: Measurements) -> dict:
+    """All figures in one plain dict: the first draft's at the top, every draft's under `drafts` when several."""
+    target_parameters, drafts, decodes = measured.target_parameters, measured.drafts, measured.decodes
+    step_costs, baselines = measured.step_costs, measured.baselines
 
     def figures_of(label: str, spec: list[DecodeMetrics], ar: list[DecodeMetrics], domain: str | None) -> dict:
         acceptance = draft_figures(spec, ar, decode, step_costs.get(label), settings.bootstrap_samples, seed)
@@ -252,8 +261,8 @@ def evaluate(pair_config: PairConfig, decode: DecodeConfig, settings: ReportConf
                for domain, ids in prompt_ids.items()}
     baselines = measure_ar_baselines(pair, pair_config.target, prompt_ids, settings, decode, seed) \
         if settings.baselines and settings.compare_ar else {}
-    return build_report(pair_config, decode, settings, seed, parameter_count(pair.target), drafts, decodes,
-                        step_costs, baselines)
+    return build_report(pair_config, decode, settings, seed,
+                        Measurements(parameter_count(pair.target), drafts, decodes, step_costs, baselines))
 
 
 def report_drafts(report: dict) -> dict[str, dict]:

@@ -23,8 +23,8 @@ from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.engine_rules import engine_figures
 from decode.files import write_json
-from decode.records import AcceptanceFigures
-from decode.results import EvalResult
+from decode.figures import AcceptanceFigures
+from decode.stage_results import EvalResult
 from decode.step_costs import measure_step_costs, text_of
 from eval.acceptance import baseline_is_off, decode_batches, figures
 from eval.config import EvalConfig

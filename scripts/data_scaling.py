@@ -25,11 +25,12 @@ teacher-forced bound generate prints. The held-out prompts have no part in it.
 from __future__ import annotations
 
 import argparse
-import json
 import shlex
 import subprocess
 import sys
 from pathlib import Path
+
+from decode.run_summary import RunSummary, read_summary
 
 EIGHT_EPOCHS = "method.epochs=8"
 ON_POLICY = f"generate.answers_per_prompt=1 {EIGHT_EPOCHS} method.on_policy_answers=1 method.on_policy_from_epoch="
@@ -43,38 +44,38 @@ DEFAULT_ROWS = {
 }
 
 
-def run_row(out_dir: Path, domain: str, name: str, overrides: str) -> dict:
+def run_row(out_dir: Path, domain: str, name: str, overrides: str) -> RunSummary:
     run_dir = out_dir / name
     command = [sys.executable, "-m", "train", f"+domain={domain}", "stages=[generate,train]", "logger=disabled",
                f"run_dir={run_dir}", f"hydra.run.dir={run_dir}/hydra", *shlex.split(overrides)]
     print("$", " ".join(command[1:]), flush=True)
     subprocess.run(command, check=True)
-    return json.loads((run_dir / "summary.json").read_text())
+    return read_summary(run_dir)
 
 
-def target_rate(summary: dict, known: dict) -> float | None:
+def target_rate(summary: RunSummary, known: dict) -> float | None:
     """Answer tokens per minute of the target's answers (their prompts labelled in the same forwards): as this
     run's generate measured them, else as another run did for the same sampling (cached answers carry no timing)."""
-    rates = summary.get("generate", {}).get("label_rates") or []
+    rates = summary.generate.label_rates if summary.generate else []
     if rates:
         made = rates[0]
         known["target"] = 60 * (made["tokens"] - made.get("prompt_tokens", 0)) / made["seconds"]
     return known.get("target")
 
 
-def row_figures(summary: dict, known: dict) -> dict:
-    generate, train = summary["generate"], summary["train"]
-    target_tokens = train["answer_tokens"]
-    on_policy = train.get("on_policy_labels") or []
+def row_figures(summary: RunSummary, known: dict) -> dict:
+    generate, train = summary.generate, summary.train
+    target_tokens = train.answer_tokens
+    on_policy = train.on_policy_labels
     rate = target_rate(summary, known)
-    return {"target answers": generate["train_answers"],
+    return {"target answers": generate.train_answers,
             "target tokens": target_tokens,
-            "prompt tokens": train.get("prompt_tokens", 0),
+            "prompt tokens": train.prompt_tokens,
             "on-policy tokens": sum(r["tokens"] for r in on_policy),
             "data CPU-minutes": (target_tokens / rate if rate else float("nan"))
             + sum(r["seconds"] for r in on_policy) / 60,
-            "steps": train["steps"], "train s": summary["stage_seconds"].get("train"),
-            "validation": train.get("validation_acceptance_end")}
+            "steps": train.steps, "train s": summary.stage_seconds.get("train"),
+            "validation": train.validation_acceptance_end}
 
 
 def main(argv: list[str] | None = None) -> None:

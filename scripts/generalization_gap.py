@@ -22,7 +22,6 @@ generate record).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from pathlib import Path
 
@@ -32,6 +31,7 @@ from datasets import load_from_disk
 from transformers import AutoModelForCausalLM
 
 from decode.examples import Example, collate
+from decode.run_summary import SUMMARY_FILE, read_summary
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.data import examples_from_records
 from train.config import MethodConfig
@@ -145,20 +145,20 @@ def main() -> None:
     parser.add_argument("--train-data", type=Path, help="the answers it trained on (default: the run's summary)")
     parser.add_argument("--validation-data", type=Path)
     args = parser.parse_args()
-    for needed in ("summary.json", "config.yaml"):
+    for needed in (SUMMARY_FILE, "config.yaml"):
         if not (args.run_dir / needed).is_file():
             parser.error(f"{args.run_dir / needed} does not exist: pass a run directory of python -m train")
-    summary = json.loads((args.run_dir / "summary.json").read_text())
+    summary = read_summary(args.run_dir)
     config = yaml.safe_load((args.run_dir / "config.yaml").read_text())
     decode = config["decode"]
     sampling = SamplingParams(temperature=decode["temperature"], top_k=decode["top_k"], top_p=decode["top_p"])
-    generated = summary.get("generate", {})
-    train_data = args.train_data or generated.get("train_data")
-    validation_data = args.validation_data or generated.get("validation_data")
+    generated = summary.generate
+    train_data = args.train_data or (generated.train_data if generated else None)
+    validation_data = args.validation_data or (generated.validation_data if generated else None)
     if not train_data or not validation_data:
         parser.error(f"{args.run_dir}/summary.json names no answers (a train-only run): pass --train-data and "
                      f"--validation-data (generate cache directories)")
-    draft_path = Path(summary["train"]["draft_path"])
+    draft_path = Path(summary.train.draft_path)
     if not draft_path.is_dir():  # recorded relative to where the run started
         draft_path = args.run_dir / "draft"
     draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=torch.float32).eval()

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import json
 from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -16,13 +17,13 @@ from safetensors.torch import load_file, save_file
 from torch import nn
 
 from decode.errors import ExportMismatch, PairError
-from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
-from decode.export.record import DraftRecord
+from decode.export.job import ExportJob, RoundTrip, WrittenDraft, save_target_tokenizer
+from decode.export.export_record import DraftRecord
 from decode.files import published
-from decode.kinds.base import DraftKind, DraftStep, TrainingObjective
+from decode.kinds.base import DraftKind, DraftStep, KindSettings, TrainingObjective
 from decode.kinds.common.token_drafter import TokenDrafter
 from decode.models import ModelSpec, locate, resolve_dtype
-from decode.records import EngineCommands
+from decode.figures import EngineCommands
 from decode.runner import CausalLMRunner
 
 NAME = "bigram"
@@ -93,7 +94,14 @@ def load_bigram(directory: str, dtype: torch.dtype, device) -> BigramDraft:
     return draft.to(dtype=dtype, device=device).eval()
 
 
-class BigramKind(DraftKind):
+@dataclass
+class SameWeights:
+    """The exported table read back: export.json's same_weights_<format>."""
+
+    same_weights: bool
+
+
+class BigramKind(DraftKind[KindSettings]):
     name = NAME
     title = "bigram table"
 
@@ -107,7 +115,7 @@ class BigramKind(DraftKind):
             return False
         return config.is_file() and json.loads(config.read_text()).get("specdraft_kind") == NAME
 
-    def load(self, target, target_tokenizer, spec: ModelSpec):
+    def load(self, target, target_tokenizer, spec: ModelSpec, settings):
         device = torch.device(spec.device)
         dtype = resolve_dtype(spec.dtype, device)
         if spec.path:
@@ -125,10 +133,10 @@ class BigramKind(DraftKind):
     def drafter(self, runner):
         return TokenDrafter(runner)  # a model of its own: it reads the tokens
 
-    def starting_draft(self, pair, method, draft_vocabulary, seed):
+    def starting_draft(self, pair, method, settings, draft_vocabulary, seed):
         return copy.deepcopy(pair.draft).float().train()
 
-    def objective(self, draft, pair, method, device):
+    def objective(self, draft, pair, method, settings, device):
         return BigramObjective(draft, pair.vocab_size)
 
     def draft_vocab_size(self, draft, vocab_size):
@@ -148,5 +156,5 @@ class BigramKind(DraftKind):
         reread = load_bigram(str(staging / "draft"), trained.table.dtype, trained.table.device)
         if not torch.equal(reread.table, trained.table):
             raise ExportMismatch("the exported bigram table reads back with other weights")
-        return WrittenDraft(EngineCommands(), {"same_weights_hf": True},
+        return WrittenDraft(EngineCommands(), RoundTrip({"hf": SameWeights(True)}),
                             DraftRecord(draft_kind=NAME, draft_vocab_size=None, files={}))

@@ -96,6 +96,7 @@ SLOW_TESTS = {
     },
     "test_train_pipeline.py": {
         "test_a_malformed_prompt_file_stops_the_cli_before_any_model_is_loaded",
+        "test_a_run_prints_and_records_its_peak_memory",
         "test_running_without_a_domain_names_the_domains",
     },
 }

@@ -25,6 +25,7 @@ from decode.kinds.common.target_features import target_features
 from decode.models import ModelSpec, content_fingerprint, load_model, model_fingerprint, model_source
 from decode.pair import load_pair
 from decode.precision import FLOAT32
+from decode.run_summary import read_summary
 from decode.tiny import save_tiny_target
 from distill.code_text import labelled_code_text
 from distill.config import DomainConfig, GenerateConfig
@@ -168,8 +169,8 @@ def test_a_truncated_answer_file_is_made_again_with_a_log_line_and_refused_where
 
     code, output = train("first", "[generate]")
     assert code == 0, output[-3000:]
-    summary = json.loads((tmp_path / "first" / "summary.json").read_text())["generate"]
-    answers, validation = Path(summary["train_data"]), Path(summary["validation_data"])
+    generated = read_summary(tmp_path / "first").generate
+    answers, validation = Path(generated.train_data), Path(generated.validation_data)
     arrow = next(answers.glob("*.arrow"))
     truncate(arrow)
     (validation / "specdraft-entry.json").unlink(missing_ok=True)  # as written before entries had manifests

@@ -11,6 +11,7 @@ import pytest
 
 from decode.errors import PromptError
 from decode.pair import encode_chat
+from decode.run_summary import read_summary
 from decode.sampling import SamplingParams
 from distill.config import DomainConfig
 from distill.conversations import chat_ids, chat_prompt_ids, context_messages, read_conversations
@@ -215,8 +216,8 @@ def test_a_run_trains_on_a_conversation_file(tmp_path):
         cwd=ROOT, env={**os.environ, "WANDB_MODE": "disabled", "SPECDRAFT_CACHE": str(tmp_path / "cache")},
         capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    train_data = datasets.load_from_disk(summary["generate"]["train_data"])
-    assert summary["generate"]["train_answers"] == 16 == len(train_data)  # 8 conversations (debug), 2 turns each
+    summary = read_summary(run_dir)
+    train_data = datasets.load_from_disk(summary.generate.train_data)
+    assert summary.generate.train_answers == 16 == len(train_data)  # 8 conversations (debug), 2 turns each
     assert sorted(set(train_data["turn"])) == [0, 1]
-    assert summary["train"]["examples"] == 16 and (run_dir / "draft" / "model.safetensors").is_file()
+    assert summary.train.examples == 16 and (run_dir / "draft" / "model.safetensors").is_file()

@@ -11,7 +11,7 @@ import torch
 from decode.errors import ConfigError, PairError
 from decode.kinds.dflash.head import default_target_layers, load_head, new_head
 from decode.kinds.dflash.objective import BlockObjective
-from decode.kinds.registry import KINDS, kind_for
+from decode.kinds.registry import KINDS, kind_for, kind_settings
 from decode.models import ModelSpec
 from decode.tiny import tiny_llama, tiny_tokenizer
 from test_export import export_run
@@ -20,12 +20,11 @@ from train.config import MethodConfig
 
 def test_a_dflash_head_trains_evaluates_and_exports_through_the_pipeline(tmp_path):
     _, summary = export_run(tmp_path, ["generate", "train", "eval", "export"],
-                            ["pair.draft.kind=dflash", "method.parallel_tokens=3", "method.max_steps=4",
-                             "pair.draft.capture_layers=[0,2]"])
-    assert summary["draft_kind"] == "dflash"
-    train = summary["train"]
-    assert len(train["validation_acceptance_steps"]) == 3  # the block's three masks
-    assert summary["eval"]["after"]["drafted"] > 0
+                            ["pair.draft.kind=dflash", "+pair.draft.settings.parallel_tokens=3", "method.max_steps=4",
+                             "+pair.draft.settings.capture_layers=[0,2]"])
+    assert summary.draft_kind == "dflash"
+    assert len(summary.train.validation_acceptance_steps) == 3  # the block's three masks
+    assert summary.eval.after.drafted > 0
     run = tmp_path / "run"
     config = json.loads((run / "draft" / "config.json").read_text())
     mask = tiny_tokenizer().pad_token_id  # the tiny tokenizer's only token chat text never holds
@@ -77,17 +76,16 @@ def test_the_default_target_layers_are_the_reference_trainers():
     assert default_target_layers(30, 1) == [15]
 
 
-@pytest.mark.parametrize("settings, message", [
-    ({"parallel_tokens": 0}, "parallel_tokens"),
-    ({"on_policy_answers": 1}, "on_policy_answers")])
-def test_impossible_dflash_settings_stop_before_any_work(settings, message):
-    with pytest.raises(ConfigError, match=message):
-        KINDS["dflash"].check_method(MethodConfig(**settings))
+def test_impossible_dflash_settings_stop_before_any_work():
+    with pytest.raises(ConfigError, match="pair.draft.settings.parallel_tokens"):
+        kind_settings(KINDS["dflash"], {"parallel_tokens": 0})
+    with pytest.raises(ConfigError, match="on_policy_answers"):
+        KINDS["dflash"].check_method(MethodConfig(on_policy_answers=1))
 
 
 def test_a_target_layer_the_engines_cannot_capture_is_refused():
     target = tiny_llama(40, num_layers=4, hidden_size=32)
-    with pytest.raises(PairError, match="pair.draft.capture_layers"):
+    with pytest.raises(PairError, match="pair.draft.settings.capture_layers"):
         new_head(target, 1, 4, 39, [0, 3])  # the last layer's output is only the final norm's input
 
 

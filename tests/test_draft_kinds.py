@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from bigram_kind import BigramDraft, BigramKind
+from decode.kinds.base import KindSettings
 from decode.kinds.registry import register
 from decode.native import NativeLlamaRunner
 from decode.sampling import SamplingParams
@@ -25,11 +26,11 @@ def bigram():
 
 def test_a_bigram_draft_trains_evaluates_and_exports_through_the_pipeline(bigram, tmp_path):
     _, summary = export_run(tmp_path, ["generate", "train", "eval", "export"], ["pair.draft.kind=bigram"])
-    assert summary["draft_kind"] == "bigram"
-    train = summary["train"]
-    assert train["steps"] == 3 and train["draft_vocab_size"] is None
-    assert train["validation_acceptance_end"] > train["validation_acceptance_start"]
-    assert summary["eval"]["after"]["drafted"] > 0
+    assert summary.draft_kind == "bigram"
+    train = summary.train
+    assert train.steps == 3 and train.draft_vocab_size is None
+    assert train.validation_acceptance_end > train.validation_acceptance_start
+    assert summary.eval.after.drafted > 0
     export = tmp_path / "run" / "export"
     record = json.loads((export / "export.json").read_text())
     assert record["draft_kind"] == "bigram" and record["flags"] == {} and record["round_trip"]["same_weights_hf"]
@@ -37,8 +38,8 @@ def test_a_bigram_draft_trains_evaluates_and_exports_through_the_pipeline(bigram
     assert "No engine serves this kind of draft (bigram)" in (export / "README.md").read_text()
     assert not any(path.suffix == ".sh" for path in (export / "serving").iterdir())
     # the export reloads as the draft it exported: pair.draft.path finds the kind by its files
-    reloaded = bigram.load(None, None, _spec(str(export / "draft")))[0]
-    trained = bigram.load(None, None, _spec(str(tmp_path / "run" / "draft")))[0]
+    reloaded = bigram.load(None, None, _spec(str(export / "draft")), KindSettings())[0]
+    trained = bigram.load(None, None, _spec(str(tmp_path / "run" / "draft")), KindSettings())[0]
     assert torch.equal(reloaded.table, trained.table)
 
 

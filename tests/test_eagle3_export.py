@@ -27,7 +27,7 @@ from decode.tiny import tiny_llama, tiny_tokenizer
 from tests.test_export import export_run
 
 CAPTURE_LAYERS = [0, 1, 3]  # the tiny target has 4 layers: the default [2, 2, 1] is no valid choice
-EAGLE3_RUN = ["pair.draft.kind=eagle3", f"pair.draft.capture_layers=[{','.join(map(str, CAPTURE_LAYERS))}]"]
+EAGLE3_RUN = ["pair.draft.kind=eagle3", f"+pair.draft.settings.capture_layers=[{','.join(map(str, CAPTURE_LAYERS))}]"]
 
 
 @pytest.fixture(scope="module")
@@ -126,9 +126,9 @@ def trained_run(tmp_path_factory):
 
 def test_the_export_writes_every_engines_format_and_checks_each(trained_run, target):
     _, summary = export_run(trained_run, ["export"], [*EAGLE3_RUN, "export.gguf_type=f16"])
-    assert summary["draft_kind"] == "eagle3" and summary["eval"]["after"]["drafted"] > 0
-    assert summary["export"]["evaluated"]  # exported at the gamma its own eval recommended
-    export = Path(summary["export"]["export_path"])
+    assert summary.draft_kind == "eagle3" and summary.eval.after.drafted > 0
+    assert summary.export.evaluated  # exported at the gamma its own eval recommended
+    export = Path(summary.export.export_path)
     record = json.loads((export / "export.json").read_text())
     assert record["draft_kind"] == "eagle3" and record["eagle3"]["capture_layers"] == CAPTURE_LAYERS
     assert record["files"] == {"vllm": "draft", "sglang": "sglang", "llama_cpp": "draft.gguf"}

@@ -16,7 +16,7 @@ from decode.kinds.eagle3.head import load_head, new_head
 from decode.errors import ConfigError, TrainingDiverged
 from decode.models import ModelSpec
 from decode.pair import ModelPair, load_pair
-from decode.results import TrainResult, load_result, save_result
+from decode.stage_results import TrainResult, load_result, save_result
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.config import DomainConfig, GenerateConfig
 from distill.data import DomainPrompts, Prompt, examples_from_records
@@ -27,6 +27,7 @@ from distill.stage import target_answers
 from decode.tracking import LoggerConfig, Tracker
 from train.config import LoraSettings, MethodConfig
 from decode.kinds.eagle3.objective import UnrolledObjective, unrolled_draft_logits
+from decode.kinds.eagle3.settings import Eagle3Settings
 from train.recipe import DistillationRecipe
 from train.stage import run_train
 
@@ -72,8 +73,9 @@ def fresh_head(pair, kept=None):
 def make_recipe(pair, examples, directory, head=None, **overrides):
     method, accelerator = settings(**overrides), Accelerator(cpu=True)
     head = head if head is not None else fresh_head(pair)
-    objective = UnrolledObjective(head, pair.target.get_input_embeddings().weight, pair.vocab_size, method.ttt_steps,
-                                  method.ttt_step_weight, accelerator.device)
+    unrolled = Eagle3Settings()
+    objective = UnrolledObjective(head, pair.target.get_input_embeddings().weight, pair.vocab_size,
+                                  unrolled.ttt_steps, unrolled.ttt_step_weight, accelerator.device)
     return DistillationRecipe(method, 0, objective, pair.vocab_size, 0, examples, examples[:2],
                               directory / "checkpoints", accelerator,
                               Tracker(LoggerConfig(mode="disabled"), directory, {}, "test"),
@@ -298,7 +300,7 @@ def test_the_train_stage_saves_a_head_that_reloads_with_the_same_logits(pair, an
     monkeypatch.setattr(decode.kinds.eagle3.kind, "save_head",
                         lambda head, *args: saved.append(head) or real_save(head, *args))
     ctx = stage_context(pair, tmp_path / "run")
-    result = run_train(ctx, settings(max_steps=2, prune_vocab=64), DOMAIN, GENERATE, DECODE, PROMPTS)
+    result = run_train(ctx, settings(max_steps=2, prune_vocab=64), Eagle3Settings(), DOMAIN, GENERATE, DECODE, PROMPTS)
 
     assert result.draft_path == str(ctx.draft_dir) and result.steps == 2 and result.draft_vocab_size == 64
     assert result.feature_seconds > 0 and result.feature_bytes_per_token == 2 * 3 * 64
@@ -325,13 +327,15 @@ def test_the_train_stage_saves_a_head_that_reloads_with_the_same_logits(pair, an
 
 def test_a_rerun_reuses_the_target_states(pair, answered, tmp_path, monkeypatch):
     method = settings(max_steps=1, prune_vocab=64)
-    first = run_train(stage_context(pair, tmp_path / "first"), method, DOMAIN, GENERATE, DECODE, PROMPTS)
+    first = run_train(stage_context(pair, tmp_path / "first"), method, Eagle3Settings(), DOMAIN, GENERATE, DECODE,
+                      PROMPTS)
 
     def never(*args, **kwargs):
         raise AssertionError("the target's states were computed again")
 
     monkeypatch.setattr(decode.kinds.common.target_features, "capture_hidden_states", never)
-    again = run_train(stage_context(pair, tmp_path / "again"), method, DOMAIN, GENERATE, DECODE, PROMPTS)
+    again = run_train(stage_context(pair, tmp_path / "again"), method, Eagle3Settings(), DOMAIN, GENERATE, DECODE,
+                      PROMPTS)
     assert again.feature_seconds == first.feature_seconds and again.feature_tokens == first.feature_tokens
 
 
@@ -339,7 +343,8 @@ def test_retraining_a_champion_starts_from_its_weights_and_keeps_its_vocabulary(
     champion = fresh_head(pair, sorted(set(pair.eos_token_ids) | set(range(30))))
     champion_pair = eagle3_pair(pair.target, champion, pair.tokenizer, draft_path=str(tmp_path / "champion"))
     ctx = stage_context(champion_pair, tmp_path / "run")
-    result = run_train(ctx, settings(max_steps=1, prune_vocab=64, lr=1e-6), DOMAIN, GENERATE, DECODE, PROMPTS)
+    result = run_train(ctx, settings(max_steps=1, prune_vocab=64, lr=1e-6), Eagle3Settings(), DOMAIN, GENERATE,
+                       DECODE, PROMPTS)
     retrained = load_head(ctx.draft_dir)
     assert result.draft_vocab_size == champion.config.draft_vocab_size
     assert torch.equal(retrained.draft_token_ids, champion.draft_token_ids)
@@ -350,7 +355,7 @@ def test_retraining_a_champion_starts_from_its_weights_and_keeps_its_vocabulary(
 def test_lora_and_on_policy_are_refused_for_a_head_before_any_work(pair, tmp_path):
     ctx = stage_context(pair, tmp_path / "run")  # no answers for it: the refusal comes first
     with pytest.raises(ConfigError, match="method.lora is not supported for pair.draft.kind=eagle3"):
-        run_train(ctx, settings(lora=LoraSettings()), DOMAIN, GENERATE, DECODE, PROMPTS)
+        run_train(ctx, settings(lora=LoraSettings()), Eagle3Settings(), DOMAIN, GENERATE, DECODE, PROMPTS)
     with pytest.raises(ConfigError, match="on_policy_answers is not supported"):
-        run_train(ctx, settings(on_policy_answers=1), DOMAIN, GENERATE, DECODE, PROMPTS)
+        run_train(ctx, settings(on_policy_answers=1), Eagle3Settings(), DOMAIN, GENERATE, DECODE, PROMPTS)
     assert not ctx.draft_dir.exists()

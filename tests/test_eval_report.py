@@ -21,11 +21,11 @@ from decode.pair import load_pair
 from decode.tiny import tiny_llama, tiny_tokenizer
 from eval.config import ReportConfig
 from decode.step_costs import StepCosts
-from decode.records import AcceptanceFigures
+from decode.figures import AcceptanceFigures
 from eval.acceptance import Decodes
 from eval.bootstrap import bootstrap_interval, ratio_of_sums
-from eval.report import (ALL_DOMAINS, TABLE_COLUMNS, Draft, build_report, draft_figures, evaluate, format_markdown,
-                         load_drafts, table_rows, winner, winner_lines)
+from eval.report import (ALL_DOMAINS, TABLE_COLUMNS, Draft, Measurements, build_report, draft_figures, evaluate,
+                         format_markdown, load_drafts, table_rows, winner, winner_lines)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
@@ -95,8 +95,8 @@ def test_alpha_is_the_ratio_of_summed_counts_not_a_mean_of_ratios():
 def test_pooled_figures_are_the_summed_domains_with_the_shared_ar_baseline():
     decodes = {"code": Decodes(ar=[metrics(0, 0, seconds=2.0)], by_draft={"d": [metrics(9, 10)]}),
                "math": Decodes(ar=[metrics(0, 0, seconds=1.0)] * 3, by_draft={"d": [metrics(1, 10)] * 3})}
-    report = build_report(TINY, DECODE, ReportConfig(bootstrap_samples=50), 0, 400,
-                          [Draft("d", torch.nn.Linear(10, 10))], decodes)
+    report = build_report(TINY, DECODE, ReportConfig(bootstrap_samples=50), 0,
+                          Measurements(400, [Draft("d", torch.nn.Linear(10, 10))], decodes))
     overall = report["overall"]
     assert overall["alpha"] == pytest.approx(12 / 40)
     assert overall["speedup"] == pytest.approx((40 / 4) / (40 / 5))
@@ -227,8 +227,8 @@ def test_a_domain_whose_speedup_its_step_costs_cannot_explain_is_flagged_and_nev
     decodes = {"code": Decodes(ar=[metrics(0, 0, seconds=2.0)] * 4,
                                by_draft={"fair": [metrics(9, 10)] * 4, "slow": [metrics(9, 10, seconds=0.5)] * 4})}
     drafts = [Draft("fair", torch.nn.Linear(2, 2)), Draft("slow", torch.nn.Linear(2, 2))]
-    report = build_report(TINY, DECODE, ReportConfig(bootstrap_samples=50), 0, 400, drafts, decodes,
-                          {"fair": fair, "slow": slow_ar})
+    report = build_report(TINY, DECODE, ReportConfig(bootstrap_samples=50), 0,
+                          Measurements(400, drafts, decodes, {"fair": fair, "slow": slow_ar}))
     slow = report["drafts"]["slow"]["domains"]["code"]
     assert slow["speedup"] > report["drafts"]["fair"]["domains"]["code"]["speedup"]
     assert any("AR baseline is slow" in flag for flag in slow["flags"])

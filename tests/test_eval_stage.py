@@ -13,9 +13,10 @@ from decode.context import RunContext
 from decode.metrics import DecodeMetrics
 from decode.models import ModelSpec
 from decode.pair import load_pair
-from decode.records import AcceptanceFigures
+from decode.figures import AcceptanceFigures
 from eval.config import EvalConfig
 from eval.stage import run_eval
+from decode.run_summary import RunSummary
 from decode.tracking import LoggerConfig, Tracker
 from train.pipeline import format_summary
 
@@ -194,7 +195,7 @@ def test_the_untrained_draft_is_measured_on_the_first_untrained_prompts(ctx, pai
     assert [ids for description, ids in measured if "untrained" in description] == [prompts[:1]]
     assert [ids for description, ids in measured if description == "eval trained draft"] == [prompts]
     assert (result.before.prompts, result.after.prompts, result.prompts) == (1, 3, 3)
-    summary = format_summary({"domain": "code", "method": "distill", "eval": result.to_json()}, ctx.run_dir)
+    summary = format_summary(RunSummary(domain="code", method="distill", eval=result), ctx.run_dir)
     assert "held-out acceptance, 3 prompts (the untrained draft on the first 1), gamma 3" in summary
 
 
@@ -216,12 +217,12 @@ def test_with_context_copies_the_draft_is_measured_alone_too_and_that_is_what_en
     assert result.after.copied > 0 and result.draft_alone.copied == 0
     assert result.draft_alone.drafted > 0
     assert result.engine_token_acceptance == result.draft_alone.token_acceptance
-    summary = format_summary({"domain": "summarization", "method": "distill", "eval": result.to_json()}, ctx.run_dir)
+    summary = format_summary(RunSummary(domain="summarization", method="distill", eval=result), ctx.run_dir)
     alone = result.draft_alone
     assert (f"the draft alone, as vLLM, SGLang and llama.cpp serve it: per-token {alone.token_acceptance:.3f}"
             in summary)
 
     plain = run_eval(ctx, SETTINGS, DECODE, prompts, "draft")
     assert plain.draft_alone is None and plain.engine_token_acceptance == plain.after.token_acceptance
-    assert "the draft alone" not in format_summary({"domain": "code", "method": "distill", "eval": plain.to_json()},
+    assert "the draft alone" not in format_summary(RunSummary(domain="code", method="distill", eval=plain),
                                                    ctx.run_dir)

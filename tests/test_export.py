@@ -11,11 +11,12 @@ import torch
 
 from decode.errors import ExportError
 from decode.files import published
-from decode.records import AcceptanceFigures
-from decode.results import EvalResult
+from decode.figures import AcceptanceFigures
+from decode.stage_results import EvalResult
 from decode.export.engines import ServingTarget, write_serving_files
 from decode.kinds.common.model_draft_export import serving_flags
 from decode.export.formats import check_tokenizer, serving_copy
+from decode.run_summary import RunSummary
 from decode.tiny import tiny_llama, tiny_tokenizer
 
 
@@ -92,7 +93,7 @@ def test_llama_cpp_gets_the_gamma_and_p_min_its_drafting_rule_calls_for_and_its_
 
 def test_each_engine_is_warned_off_by_its_own_rules_prediction_and_llama_cpp_by_its_own_step_costs():
     from decode.export.engine_check import engine_warnings
-    from decode.records import EngineCheck, EngineFigures
+    from decode.figures import EngineCheck, EngineFigures
 
     evaluated = {"vllm": EngineFigures(engine="vllm", rule="greedy", token_acceptance=0.1, gamma=1,
                                        predicted_speedup=0.8),
@@ -282,7 +283,7 @@ def test_a_draft_measured_slower_than_the_target_alone_is_flagged_everywhere(tmp
     figures = AcceptanceFigures(prompts=2, gamma=3, token_acceptance=0.3, alpha=0.2, mean_accepted_length=1.3)
     evaluated = EvalResult(draft_fingerprint="draft", prompts=2, gamma=3, before=figures, after=figures,
                            step_costs=None, recommended_gamma=2, speed=speed, verdict=warning)
-    summary = {"domain": "code", "method": "distill", "stage_seconds": {}, "eval": evaluated.to_json()}
+    summary = RunSummary(domain="code", method="distill", eval=evaluated)
     assert f"NOT RECOMMENDED: {warning}" in format_summary(summary, tmp_path)
     flags = serving_flags(ServingTarget("org/target", str(tmp_path / "t.gguf")), tmp_path / "d", tmp_path / "d.gguf", 2)
     write_serving_files(tmp_path / "serving", flags, warning)
@@ -294,26 +295,26 @@ def test_a_draft_measured_slower_than_the_target_alone_is_flagged_everywhere(tmp
 def test_a_retrained_draft_is_never_exported_with_the_previous_drafts_figures(tmp_path):
     """stages=[train,export] in a run directory whose eval described another draft: the card and the flags
     describe the new draft (not evaluated, the configured gamma), not the old draft's eval."""
-    from decode.results import EvalResult, load_result
+    from decode.stage_results import EvalResult, load_result
 
     _, first = export_run(tmp_path, ["generate", "train", "eval", "export"], ["decode.max_gamma=5"])
-    old_gamma = first["eval"]["engines"]["vllm"]["gamma"]
+    old_gamma = first.eval.engines["vllm"].gamma
     run = tmp_path / "run"
-    assert first["export"]["evaluated"] and first["export"]["gamma"] == old_gamma
-    old_fingerprint = first["train"]["draft_fingerprint"]
+    assert first.export.evaluated and first.export.gamma == old_gamma
+    old_fingerprint = first.train.draft_fingerprint
     # a changed draft: another learning rate, in the same run directory (a retrain)
     _, second = export_run(tmp_path, ["train", "export"], ["decode.max_gamma=5", "method.lr=0.05",
                                                            "method.max_steps=4", "decode.gamma=7"])
-    assert second["train"]["draft_fingerprint"] != old_fingerprint
+    assert second.train.draft_fingerprint != old_fingerprint
     # the old eval describes the old draft: kept on disk, left out of the summary and the export
-    assert "eval" not in second and load_result(run, EvalResult, second["train"]["draft_fingerprint"]) is None
+    assert second.eval is None and load_result(run, EvalResult, second.train.draft_fingerprint) is None
     export = json.loads((run / "export" / "export.json").read_text())
     assert export["evaluated"] is False and export["gamma"] == 7 and export["draft_fingerprint"] == \
-        second["train"]["draft_fingerprint"]
+        second.train.draft_fingerprint
     assert json.loads((run / "export" / "serving" / "vllm.json").read_text())["num_speculative_tokens"] == 7
     card = (run / "export" / "README.md").read_text()
     assert "not evaluated" in card and "held-out acceptance" not in card
-    assert f"{second['train']['steps']} steps" in card
+    assert f"{second.train.steps} steps" in card
 
 
 def test_with_context_copies_the_engines_get_the_figures_of_the_draft_alone(tmp_path, monkeypatch):
@@ -330,22 +331,22 @@ def test_with_context_copies_the_engines_get_the_figures_of_the_draft_alone(tmp_
 
     monkeypatch.setattr(decode.kinds.common.model_draft_export, "write_draft", recording)
     _, summary = export_run(tmp_path, ["generate", "train", "eval", "export"], ["decode.copy_ngram=1"])
-    alone, after = summary["eval"]["draft_alone"], summary["eval"]["after"]
-    assert alone["copied"] == 0 and after["copied"] > 0
-    assert told == [alone["token_acceptance"]]
+    alone, after = summary.eval.draft_alone, summary.eval.after
+    assert alone.copied == 0 and after.copied > 0
+    assert told == [alone.token_acceptance]
     # the engines' figures are the draft alone's under their own drafting rule
-    evaluated = summary["eval"]
-    assert evaluated["engines"]["vllm"]["token_acceptance"] == alone["rules"]["greedy"]["token_acceptance"]
-    assert evaluated["engines"]["vllm"]["token_acceptance"] != after["rules"]["greedy"]["token_acceptance"]
+    vllm = summary.eval.engines["vllm"]
+    assert vllm.token_acceptance == alone.rules["greedy"].token_acceptance
+    assert vllm.token_acceptance != after.rules["greedy"].token_acceptance
     # vLLM's and SGLang's gamma is the one the engine figures name: made to differ from the decoder's here
     record = tmp_path / "run" / "results" / "eval.json"
     evaluated = json.loads(record.read_text())
     evaluated["engines"]["vllm"]["gamma"] = evaluated["recommended_gamma"] % 7 + 1
     record.write_text(json.dumps(evaluated))
     _, summary = export_run(tmp_path, ["export"], ["decode.copy_ngram=1"])
-    assert summary["export"]["gamma"] == evaluated["engines"]["vllm"]["gamma"]
+    assert summary.export.gamma == evaluated["engines"]["vllm"]["gamma"]
     assert json.loads((tmp_path / "run" / "export" / "serving" / "vllm.json").read_text())[
         "num_speculative_tokens"] == evaluated["engines"]["vllm"]["gamma"]
     card = (tmp_path / "run" / "export" / "README.md").read_text()
     assert f"the draft alone, as vLLM, SGLang and llama.cpp serve it: per-token acceptance " \
-           f"{alone['token_acceptance']:.3f}" in card
+           f"{alone.token_acceptance:.3f}" in card

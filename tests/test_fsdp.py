@@ -15,7 +15,6 @@ half the sequences of every step (a dropped micro-batch, one process's gradients
 learning rate 10% high 3e-3.
 """
 
-import json
 import os
 import re
 import shutil
@@ -30,6 +29,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+from decode.run_summary import read_summary
+
 ROOT = Path(__file__).resolve().parents[1]
 FSDP_CONFIG = ROOT / "conf" / "accelerate" / "fsdp.yaml"
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ SETTINGS = ["+domain=code", "+debug=tiny", "stages=[generate,train]", "method.ma
             "method.autocast=off"]  # checkpoints at steps 2, 4 and 6, all kept; validation at 0 and 6
 ONE = ["method.micro_batch_size=2", "method.gradient_accumulation=2"]  # 4 sequences a step in one process
 TWO = ["method.micro_batch_size=1", "method.gradient_accumulation=2"]  # 4 a step over two processes
-EAGLE3 = ["pair.draft.kind=eagle3", "pair.draft.capture_layers=[0,1,3]"]
+EAGLE3 = ["pair.draft.kind=eagle3", "+pair.draft.settings.capture_layers=[0,1,3]"]
 SHARDING = re.compile(r"FSDP process (\d): (\d+) of (\d+) parameters sharded, (\d+) of their (\d+) elements held here")
 
 
@@ -142,7 +143,7 @@ def pruned_reference(tmp_path_factory, cache):
     reference = tmp_path_factory.mktemp("pruned") / "one"
     output = run(one_process(reference), cache)  # also generates the answers every later run reads
     assert "training process 0 of 1 (NO)" in output
-    assert json.loads((reference / "summary.json").read_text())["train"]["draft_vocab_size"] == 64
+    assert read_summary(reference).train.draft_vocab_size == 64
     return reference
 
 

@@ -211,9 +211,9 @@ def pipeline_for(tmp_path, name, overrides):
 def test_general_trains_and_a_code_run_starts_from_its_draft(tmp_path):
     general_run = pipeline_for(tmp_path, "general", ["+domain=general"])
     summary = general_run.run()
-    assert summary["domain"] == "general" and summary["train"]["steps"] == 2
+    assert summary.domain == "general" and summary.train.steps == 2
     # the tiny run answers 8 training prompts: one of each of the 5 domains and the target's, then code and math
-    answered = datasets.load_from_disk(summary["generate"]["train_data"])
+    answered = datasets.load_from_disk(summary.generate.train_data)
     assert sorted(component_of(SimpleNamespace(id=i)) for i in answered["id"]) == \
         sorted(COMPONENTS + ["magpie", "code", "math"])
     general_draft = tmp_path / "general" / "draft"
@@ -230,7 +230,7 @@ def test_general_trains_and_a_code_run_starts_from_its_draft(tmp_path):
         derived = derive_draft(run.ctx.pair.target, 1).state_dict()
         assert any(not torch.equal(derived[name], tensor) for name, tensor in weights.items())
         trained = run.run()
-        assert trained["domain"] == "code" and trained["train"]["steps"] == 2
+        assert trained.domain == "code" and trained.train.steps == 2
         after = load_file(str(tmp_path / f"code-{method}" / "draft" / "model.safetensors"))
         assert after.keys() == weights.keys()  # a LoRA adapter is merged
         assert any(not torch.equal(after[name], tensor) for name, tensor in weights.items())

@@ -1,4 +1,5 @@
-"""The layout: each stage in its folder, imported in one direction, with no cycle (imports inside functions count)."""
+"""The layout: each stage in its folder, imported in one direction, with no cycle (imports inside functions count;
+those for type checking alone, under `if TYPE_CHECKING:`, do not run and name only types)."""
 
 import ast
 import re
@@ -17,9 +18,15 @@ def project_modules() -> dict[str, Path]:
     return modules
 
 
-def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
+def imports_of(path: Path, modules: dict[str, Path], type_checking: bool = False) -> set[str]:
+    """The project modules `path` imports as it runs; type_checking: also those it imports for type checking."""
+    tree = ast.parse(path.read_text())
+    typing_only = set() if type_checking else {id(node) for block in ast.walk(tree) if is_type_checking_block(block)
+                                               for statement in block.body for node in ast.walk(statement)}
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
+        if id(node) in typing_only:
+            continue
         names = []
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
@@ -27,6 +34,10 @@ def imports_of(path: Path, modules: dict[str, Path]) -> set[str]:
             names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
         found |= {name for name in names if name in modules}
     return found
+
+
+def is_type_checking_block(node: ast.AST) -> bool:
+    return isinstance(node, ast.If) and ast.unparse(node.test) in ("TYPE_CHECKING", "typing.TYPE_CHECKING")
 
 
 def test_no_import_cycles_between_modules():
@@ -73,7 +84,7 @@ DISTINCT_NAME = re.compile(r"eagle3|dflash|(?<![a-z])pard(?![a-z])")
 # the places that must hold a kind's name as a string, each with why
 NAMED_WHERE_NEEDED = {
     ("decode/models.py", "causal_lm"): "pair.draft.kind's default: the setting whose value is a kind's name",
-    ("decode/records.py", "parallel"): "the step costs' JSON key of the capability (c is a whole round's forward)",
+    ("decode/figures.py", "parallel"): "the step costs' JSON key of the capability (c is a whole round's forward)",
     ("decode/redact.py", "pard_token"): "PARD's config field, on the list of token names that are not credentials",
 }
 
@@ -89,7 +100,7 @@ def test_a_kind_imports_only_the_seam_the_shared_bases_and_itself():
     for name, path in modules.items():
         parts = name.split(".")
         own = parts[2] if parts[:2] == ["decode", "kinds"] and len(parts) > 2 and parts[2] in kinds else None
-        for imported in imports_of(path, modules):
+        for imported in imports_of(path, modules, type_checking=True):
             if not imported.startswith("decode.kinds."):
                 continue
             target = imported.split(".")[2]

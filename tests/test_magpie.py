@@ -12,6 +12,7 @@ import torch
 
 from decode.errors import ConfigError, PairError, PromptError
 from decode.models import cache_root, make_runner
+from decode.run_summary import read_summary
 from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
 from decode.tiny import tiny_llama, tiny_tokenizer
@@ -219,8 +220,8 @@ def test_a_run_trains_on_prompts_the_target_wrote(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
     (written,) = (cache / "prompts").glob("code-magpie-*.jsonl")
     texts = [json.loads(line)["prompt"] for line in written.read_text().splitlines()]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert 8 <= len(texts) <= 24 and summary["generate"]["train_answers"] >= 1 and summary["train"]["steps"] == 3
+    summary = read_summary(run_dir)
+    assert 8 <= len(texts) <= 24 and summary.generate.train_answers >= 1 and summary.train.steps == 3
 
 
 def test_summarization_instructions_of_the_splits_are_disjoint_and_shipped():

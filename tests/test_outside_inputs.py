@@ -15,12 +15,13 @@ import datasets
 import pytest
 
 from decode.errors import ConfigError, PromptError
+from decode.run_summary import read_summary
 from decode.sampling import SamplingParams
 from distill.config import DomainConfig
 from distill.data import Prompt, load_domain_prompts
 from distill.generate import generate_dataset
 from distill.served_responses import ServedResponse
-from test_served_answers import fake_server
+from test_answers_from_server import fake_server
 
 ROOT = Path(__file__).resolve().parents[1]
 TARGET = "tiny-random-v1"  # the tiny target's model fingerprint
@@ -103,14 +104,14 @@ def test_log_probabilities_above_0_are_refused(tmp_path):
     ([(True, -1.0)], "token id True listed"),
 ])
 def test_a_malformed_position_is_refused_saying_what_it_holds(entries, problem):
-    from distill.served_answers import MalformedAnswer, most_likely
+    from distill.answers_from_server import MalformedAnswer, most_likely
 
     with pytest.raises(MalformedAnswer, match=re.escape(problem)):
         most_likely(entries, 4, VOCAB, 3)
 
 
 def test_a_log_probability_rounded_above_0_is_read_as_0():
-    from distill.served_answers import most_likely
+    from distill.answers_from_server import most_likely
 
     assert most_likely([(6, -20.0), (5, 5e-5)], 4, VOCAB, 0) == [(5, 0.0), (6, -20.0)]
 
@@ -124,9 +125,9 @@ def test_a_server_giving_2_log_probabilities_where_64_were_asked_trains(tmp_path
     assert result.returncode == 0, result.stderr[-3000:]
     assert requests[0][1]["logprobs"] == 64
     assert "every one is cut to its 2 most likely" in result.stdout + result.stderr
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["train"]["steps"] == 1 and summary["train"]["prompt_tokens"] > 0
-    assert summary["generate"]["code_text_sequences"] == 2
+    summary = read_summary(tmp_path / "run")
+    assert summary.train.steps == 1 and summary.train.prompt_tokens > 0
+    assert summary.generate.code_text_sequences == 2
 
 
 # Control tokens of the chat template ------------------------------------------------------------------------
@@ -155,8 +156,7 @@ def test_served_prompts_holding_control_tokens_are_dropped_and_no_user_text_beco
     assert result.returncode == 0, result.stderr[-3000:]
     assert "1 served prompts hold control tokens of the target's chat template and are left out: extra-hostile" \
         in result.stdout + result.stderr
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    answers = datasets.load_from_disk(summary["generate"]["train_data"])
+    answers = datasets.load_from_disk(read_summary(tmp_path / "run").generate.train_data)
     assert "extra-clean" in answers["id"] and "extra-hostile" not in answers["id"]
     for ids, length in zip(answers["input_ids"], answers["prompt_length"]):
         # <|im_start|>user ... <|im_end|> <|im_start|>assistant: the template's three

@@ -18,7 +18,8 @@ from hydra.core.global_hydra import GlobalHydra
 
 from decode.errors import ExportError
 from decode.files import published, remove_stale_staging
-from decode.results import ExportResult
+from decode.stage_results import ExportResult
+from decode.run_summary import RunSummary
 from train import config as train_config
 from train.checkpoints import Checkpoints
 
@@ -48,7 +49,7 @@ def train_settings(*overrides):
         GlobalHydra.instance().clear()
 
 
-def run_pipeline(run_dir: Path, stages: list[str], *overrides) -> dict:
+def run_pipeline(run_dir: Path, stages: list[str], *overrides) -> RunSummary:
     """The stages of a tiny run in this process: -> the summary."""
     from decode.tracking import LoggerConfig, Tracker
     from train.pipeline import Pipeline
@@ -65,7 +66,7 @@ def files_under(directory: Path) -> dict:
 
 
 def export_record() -> dict:
-    from decode.export.record import ExportRecord
+    from decode.export.export_record import ExportRecord
 
     result = ExportResult(draft_fingerprint="d", export_path="/x", gamma=3, evaluated=False)
     return ExportRecord(result=result, worth_serving=None, step_costs=None, draft_kind="causal_lm",

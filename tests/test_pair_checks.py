@@ -153,5 +153,5 @@ def test_a_truncated_weights_file_is_named(tiny_model_dir):
 def test_an_eagle3_head_on_a_shallow_target_names_the_key_that_exists():
     from decode.kinds.eagle3.head import check_capture_layers, default_capture_layers
 
-    with pytest.raises(PairError, match=r"needs explicit pair\.draft\.capture_layers$"):
+    with pytest.raises(PairError, match=r"needs explicit pair\.draft\.settings\.capture_layers$"):
         check_capture_layers(default_capture_layers(4), 4)

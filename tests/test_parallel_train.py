@@ -12,20 +12,19 @@ from decode.errors import ConfigError, PairError
 from decode.kinds.common.mask_token import unused_special_token
 from decode.kinds.parallel.mask_token import make_parallel, pard_token
 from decode.kinds.parallel.objective import ParallelObjective
-from decode.kinds.registry import KINDS, kind_for
+from decode.kinds.registry import KINDS, kind_for, kind_settings
 from decode.models import ModelSpec, load_model
 from decode.tiny import CHAT_TEMPLATE, tiny_llama, tiny_tokenizer
 from test_export import export_run
-from train.config import MethodConfig
 
 
 def test_a_parallel_draft_trains_evaluates_and_exports_through_the_pipeline(tmp_path):
     _, summary = export_run(tmp_path, ["generate", "train", "eval", "export"],
-                            ["pair.draft.kind=parallel", "method.parallel_tokens=3", "method.max_steps=4"])
-    assert summary["draft_kind"] == "parallel"
-    train = summary["train"]
-    assert len(train["validation_acceptance_steps"]) == 3  # the next token, and after 1 and 2 mask tokens
-    assert summary["eval"]["after"]["drafted"] > 0
+                            ["pair.draft.kind=parallel", "+pair.draft.settings.parallel_tokens=3",
+                             "method.max_steps=4"])
+    assert summary.draft_kind == "parallel"
+    assert len(summary.train.validation_acceptance_steps) == 3  # the next token, and after 1 and 2 mask tokens
+    assert summary.eval.after.drafted > 0
     run = tmp_path / "run"
     config = json.loads((run / "draft" / "config.json").read_text())
     mask = config["pard_token"]
@@ -71,18 +70,21 @@ def test_the_mask_token_is_a_special_token_chat_text_never_holds():
     assert tokenizer.convert_ids_to_tokens(unused_special_token(tokenizer, [tokenizer.eos_token_id])) == "<unused_0>"
     plain = tiny_tokenizer()
     assert unused_special_token(plain, [plain.eos_token_id]) == plain.pad_token_id
-    with pytest.raises(PairError, match="pair.draft.mask_token"):
+    with pytest.raises(PairError, match="pair.draft.settings.mask_token"):
         unused_special_token(plain, [plain.eos_token_id, plain.pad_token_id])
-    with pytest.raises(PairError, match="pair.draft.mask_token"):
+    with pytest.raises(PairError, match="pair.draft.settings.mask_token"):
         make_parallel(tiny_llama(40, num_layers=1), 40)
 
 
 @pytest.mark.parametrize("settings, message", [
     ({"parallel_tokens": 1}, "parallel_tokens must be >= 2"),
-    ({"parallel_keep": 0.1, "parallel_min_keep": 0.2}, "parallel_min_keep <= method.parallel_keep")])
+    ({"parallel_keep": 0.1, "parallel_min_keep": 0.2}, "parallel_min_keep <= pair.draft.settings.parallel_keep"),
+    ({"parallel_tokens": "many"}, "pair.draft.settings.parallel_tokens: Value 'many'"),
+    ({"ttt_steps": 2}, "settings.ttt_steps: a draft of kind parallel has no such setting .* pair.draft.kind=eagle3$"),
+    ({"parallel_token": 2}, "no such setting \\(its settings: mask_token, parallel_tokens, parallel_keep")])
 def test_impossible_parallel_settings_stop_before_any_work(settings, message):
     with pytest.raises(ConfigError, match=message):
-        KINDS["parallel"].check_method(MethodConfig(**settings))
+        kind_settings(KINDS["parallel"], settings)
 
 
 def test_vllm_is_told_to_draft_a_parallel_draft_in_parallel(tmp_path):

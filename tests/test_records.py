@@ -2,10 +2,11 @@
 
 import json
 
-from decode.export.record import ExportRecord, serving_step_costs_of
-from decode.records import (AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, RuleFigures,
+from decode.export.export_record import ExportRecord, serving_step_costs_of
+from decode.figures import (AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, RuleFigures,
                             ServingStepCosts, StepCostFigures)
-from decode.results import EvalResult, ExportResult, load_result, save_result
+from decode.stage_results import EvalResult, ExportResult, TrainResult, load_result, save_result
+from decode.run_summary import RunSummary
 
 
 def through_json(data: dict) -> dict:
@@ -102,3 +103,25 @@ def test_export_json_reads_back_with_its_serving_step_costs():
     assert data["step_costs"] == {"engine": "decoder", "gamma": 2, "c": 0.2, "v": {"1": 1.1, "2": 1.2}}
     assert serving_step_costs_of(data) == written.step_costs and "eagle3" not in data
     assert result.engine_check == EngineCheck(skipped="no")
+
+
+def test_a_run_summary_reads_back_with_each_stage_record_nested_under_its_name():
+    trained = TrainResult(draft_path="run/draft", draft_fingerprint="abc", steps=3, examples=8, final_loss=1.5,
+                          autocast="off")
+    written = RunSummary(domain="code", method="distill", draft_kind="causal_lm", run_dir="run", train=trained,
+                         eval=EvalResult(draft_fingerprint="abc", prompts=4, gamma=3, before=figures(), after=figures(),
+                                         step_costs=step_costs(False), recommended_gamma=2, speed=None),
+                         stage_seconds={"train": 1.5, "eval": 2.0}, finished_with={"train": "d1", "eval": "d1"},
+                         peak_memory={"resident_gb": 1.2})
+    data = through_json(written.to_json())
+    assert RunSummary.from_json(data) == written
+    assert list(data) == ["domain", "method", "draft_kind", "run_dir", "train", "eval", "stage_seconds",
+                          "finished_with", "peak_memory"]
+    assert data["train"] == trained.to_json()
+
+
+def test_a_run_summary_written_before_finished_runs_and_peak_memory_were_recorded_still_loads():
+    saved = {"domain": "code", "method": "distill", "run_dir": "run", "stage_seconds": {"generate": 4.0}}
+    loaded = RunSummary.from_json(saved)
+    assert loaded.draft_kind is None and loaded.finished_with == {} and loaded.peak_memory is None
+    assert loaded.generate is None and loaded.stage_seconds == {"generate": 4.0}

@@ -1,7 +1,6 @@
 """The measuring scripts of scripts/ (gamma_speed, data_scaling, check_engines) run end to end on tiny models: what
 each prints agrees with itself and with the runs it made."""
 
-import json
 import math
 import re
 import subprocess
@@ -11,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from decode.cost_model import predicted_speedup
+from decode.run_summary import read_summary
 from decode.serving.vllm_server import ServerError, find_python
 from scripts import data_scaling, gamma_speed
 
@@ -66,11 +66,11 @@ def test_data_scaling_runs_each_row_and_tabulates_what_its_run_recorded(tmp_path
         cells = dict(zip(header, (cell.strip() for cell in line.strip("|").split("|"))))
         printed[cells["row"]] = cells
         assert cells["overrides"] == f"`{rows[cells['row']]}`"
-        summary = json.loads((tmp_path / cells["row"] / "summary.json").read_text())
-        assert int(cells["target answers"]) == summary["generate"]["train_answers"]
-        assert int(cells["target tokens"]) == summary["train"]["answer_tokens"]
-        assert int(cells["steps"]) == summary["train"]["steps"] and cells["on-policy tokens"] == "0"
-        assert cells["validation"] == f"{summary['train']['validation_acceptance_end']:.3f}"
+        summary = read_summary(tmp_path / cells["row"])
+        assert int(cells["target answers"]) == summary.generate.train_answers
+        assert int(cells["target tokens"]) == summary.train.answer_tokens
+        assert int(cells["steps"]) == summary.train.steps and cells["on-policy tokens"] == "0"
+        assert cells["validation"] == f"{summary.train.validation_acceptance_end:.3f}"
         assert 0 < float(cells["data CPU-minutes"]) < math.inf
     assert list(printed) == list(rows)
     assert int(printed["two"]["target answers"]) == 2 * int(printed["one"]["target answers"])

@@ -94,7 +94,7 @@ def test_the_credentials_of_a_url_and_its_secret_query_parameters_are_redacted_a
     (f"pushed with {HF_TOKEN} and sk-proj-{'x7' * 20}", "pushed with *** and ***"),
     ("max_new_tokens=128 tokenizer=HuggingFaceTB/SmolLM2 tokens: 12", None),
     ("Key 'max_steps' is not in struct\n    full_key: method.max_steps", None),
-    ("pair.draft.mask_token=<|mask|> but the draft was trained with mask token 7", None),
+    ("pair.draft.settings.mask_token=<|mask|> but the draft was trained with mask token 7", None),
     ("commit 4fe47f0a1b2c3d4e5f60718293a4b5c6d7e8f901, sha256 " + "e3b0c442" * 8 + ", key 9d8f750de8559b54", None),
     ("http://127.0.0.1:8000/v1 and https://keycloak:8443/realms?page=2", None),
 ])

@@ -18,7 +18,7 @@ import pytest
 from decode.config import PairConfig
 from decode.models import ModelSpec
 from decode.engine_rules import llama_cpp_figures
-from decode.records import AcceptanceFigures, EngineCheck, RuleFigures
+from decode.figures import AcceptanceFigures, EngineCheck, RuleFigures
 from decode.serving.engine_costs import EngineCosts
 from decode.export.engines import ServingTarget, write_serving_files
 from decode.kinds.common.model_draft_export import serving_flags

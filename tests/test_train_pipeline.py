@@ -14,6 +14,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
 from decode.errors import ConfigError, ExportError, PromptError, TrainingDiverged
+from decode.run_summary import RunSummary, read_summary
 from decode.sampling import SamplingParams
 from distill.data import (DomainPrompts, Prompt, examples_from_records, load_domain_prompts, read_jsonl_prompts,
                           shipped_domains)
@@ -213,14 +214,21 @@ def test_outputs_that_cannot_be_written_or_an_existing_export_are_refused_before
     check_outputs(compose_train(["+domain=code", "stages=[eval]"]), tmp_path / "run")
 
 
+def test_every_stage_has_its_runner_in_the_order_the_stages_run():
+    from train.pipeline import STAGE_RUNNERS
+
+    assert list(STAGE_RUNNERS) == list(train_config.STAGES)
+
+
 def test_a_run_is_finished_when_the_same_stages_ran_with_the_same_settings(compose_train, tmp_path):
     from train.pipeline import finished_summary, settings_digest
 
     config = compose_train(["+domain=code"])
     plain = train_config.as_dict(config)
     assert finished_summary(config, tmp_path, plain) is None
-    summary = {"finished_with": {stage: settings_digest(plain) for stage in ("generate", "train", "eval", "export")}}
-    (tmp_path / "summary.json").write_text(json.dumps(summary))
+    finished_with = {stage: settings_digest(plain) for stage in ("generate", "train", "eval", "export")}
+    summary = RunSummary(domain="code", method="distill", finished_with=finished_with)
+    (tmp_path / "summary.json").write_text(json.dumps(summary.to_json()))
     assert finished_summary(config, tmp_path, plain) == summary
     same = compose_train(["+domain=code", "logger=disabled"])  # where the figures go is no part of the run
     assert finished_summary(same, tmp_path, train_config.as_dict(same)) == summary
@@ -232,7 +240,7 @@ def test_a_run_is_finished_when_the_same_stages_ran_with_the_same_settings(compo
 def test_a_run_prints_and_records_its_peak_memory(tmp_path):
     result = run_cli(["+domain=chat", "+debug=tiny", "stages=[generate]", f"run_dir={tmp_path / 'run'}"], tmp_path)
     assert result.returncode == 0, result.stderr[-3000:]
-    peak = json.loads((tmp_path / "run" / "summary.json").read_text())["peak_memory"]
+    peak = read_summary(tmp_path / "run").peak_memory
     assert peak["resident_gb"] > 0.1  # torch alone takes more
     summary_lines = result.stdout.strip().splitlines()
     assert summary_lines[-2] == f"peak memory: {peak['resident_gb']:.2f} GB resident"  # above the run directory

@@ -13,7 +13,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from decode.records import format_figure
+from decode.figures import format_figure
+from decode.run_summary import read_summary
 
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slow
@@ -44,26 +45,25 @@ def test_a_full_lora_run_reports_alpha_before_and_after_and_prints_its_directory
     run_dir = tmp_path / "run"
     result = run(train_command("method=lora", f"run_dir={run_dir}"), cache)
     assert result.stdout.strip().splitlines()[-1] == str(run_dir.resolve())
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert set(summary) >= {"domain", "method", "generate", "train", "eval", "export", "stage_seconds"}
-    assert summary["domain"] == "code" and summary["method"] == "lora"
+    summary = read_summary(run_dir)
+    assert None not in (summary.generate, summary.train, summary.eval, summary.export)
+    assert summary.domain == "code" and summary.method == "lora"
     # the code domain trains on existing code labelled by the target beside its answers
-    assert summary["generate"]["code_text_sequences"] == 500 and summary["train"]["code_text_tokens"] > 0
+    assert summary.generate.code_text_sequences == 500 and summary.train.code_text_tokens > 0
     assert "of existing code, teacher-forced" in result.stdout
-    assert set(summary["stage_seconds"]) == {"generate", "train", "eval", "export"}
-    evaluated = summary["eval"]
-    assert 0.0 <= evaluated["after"]["alpha"] <= 1.0
-    assert evaluated["draft_fingerprint"] == summary["train"]["draft_fingerprint"] == \
-        summary["export"]["draft_fingerprint"]
+    assert set(summary.stage_seconds) == {"generate", "train", "eval", "export"}
+    evaluated = summary.eval
+    assert 0.0 <= evaluated.after.alpha <= 1.0
+    assert evaluated.draft_fingerprint == summary.train.draft_fingerprint == summary.export.draft_fingerprint
     draft = load_file(str(run_dir / "draft" / "model.safetensors"))
     assert not any("lora" in name for name in draft)  # the adapter was merged
     assert "alpha = accepted/drafted" in result.stdout and "per-token acceptance = accepted/tested" in result.stdout
     assert "one request at a time" in result.stdout  # the speed line
-    by_position = evaluated["after"]["token_acceptance_by_position"]
-    assert len(by_position) == evaluated["gamma"] and all(0.0 <= rate <= 1.0 for rate in by_position if rate is not None)
+    by_position = evaluated.after.token_acceptance_by_position
+    assert len(by_position) == evaluated.gamma and all(0.0 <= rate <= 1.0 for rate in by_position if rate is not None)
     assert f"by draft position, accepted/tested: {format_figure(by_position[0])}" in result.stdout
 
-    export = Path(summary["export"]["export_path"])
+    export = Path(summary.export.export_path)
     assert export == run_dir.resolve() / "export"
     record = json.loads((export / "export.json").read_text())
     checks = record["round_trip"]
@@ -75,17 +75,17 @@ def test_a_full_lora_run_reports_alpha_before_and_after_and_prints_its_directory
     assert Path(vllm["model"], "model.safetensors").is_file()
     # the serving gamma is the one the eval stage found best for vLLM's drafting rule at this draft's step costs;
     # the decoder's own speed was measured at the gamma best for its rule
-    gamma = evaluated["recommended_gamma"]
-    assert vllm["num_speculative_tokens"] == evaluated["engines"]["vllm"]["gamma"] == record["gamma"]
-    assert gamma == evaluated["speed"]["gamma"] and checks["max_logprob_difference_hf"] < 1e-4
-    assert 1 <= gamma <= 8 and evaluated["step_costs"]["c"] > 0 and set(evaluated["step_costs"]["v"]) >= {str(gamma)}
-    speed = evaluated["speed"]
-    assert 0.0 <= speed["alpha"] <= 1.0 and speed["speedup"] > 0 and speed["predicted_speedup"] > 0
-    assert len(speed["counts"]["drafted_per_position"]) == gamma
+    gamma = evaluated.recommended_gamma
+    assert vllm["num_speculative_tokens"] == evaluated.engines["vllm"].gamma == record["gamma"]
+    assert gamma == evaluated.speed.gamma and checks["max_logprob_difference_hf"] < 1e-4
+    assert 1 <= gamma <= 8 and evaluated.step_costs.c > 0 and set(evaluated.step_costs.v) >= {gamma}
+    speed = evaluated.speed
+    assert 0.0 <= speed.alpha <= 1.0 and speed.speedup > 0 and speed.predicted_speedup > 0
+    assert len(speed.counts["drafted_per_position"]) == gamma
     assert record["step_costs"]["gamma"] == record["gamma"] or record["step_costs"]["engine"] == "llama.cpp"
     assert Path(record["flags"]["vllm"][2], "config.json").is_file()  # the target, as vLLM would load it
     assert (export / "draft.gguf").is_file() and "## Provenance" in (export / "README.md").read_text()
-    not_recommended = evaluated["verdict"] is not None
+    not_recommended = evaluated.verdict is not None
     assert record["worth_serving"] != not_recommended
     assert ("Not recommended" in (export / "README.md").read_text()) == not_recommended
     assert (export / "serving" / "NOT_WORTH_SERVING").exists() == not_recommended
@@ -99,8 +99,7 @@ def test_a_full_lora_run_reports_alpha_before_and_after_and_prints_its_directory
 
     # a stage alone, from the same config: eval reads the trained draft
     again = run(train_command("method=lora", f"run_dir={run_dir}", "stages=[eval]"), cache)
-    again_eval = json.loads((run_dir / "summary.json").read_text())["eval"]
-    assert again_eval["after"]["alpha"] == pytest.approx(evaluated["after"]["alpha"])
+    assert read_summary(run_dir).eval.after.alpha == pytest.approx(evaluated.after.alpha)
     assert again.stdout.strip().splitlines()[-1] == str(run_dir.resolve())
 
 
@@ -113,11 +112,11 @@ def test_training_raises_the_acceptance_measured_in_the_decoder(tmp_path, cache)
                       "generate.max_train_prompts=24", "method.max_steps=30", "method.eval_every=30",
                       "method.checkpoint_every=100", "eval.max_prompts=8", "eval.max_new_tokens=16",
                       "eval.compare_ar=false"), cache)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    trained, before, after = summary["train"], summary["eval"]["before"], summary["eval"]["after"]
-    assert trained["validation_acceptance_end"] > trained["validation_acceptance_start"] + 0.05
-    assert after["token_acceptance"] > before["token_acceptance"] + 0.05
-    assert after["alpha"] > before["alpha"]
+    summary = read_summary(run_dir)
+    trained, before, after = summary.train, summary.eval.before, summary.eval.after
+    assert trained.validation_acceptance_end > trained.validation_acceptance_start + 0.05
+    assert after.token_acceptance > before.token_acceptance + 0.05
+    assert after.alpha > before.alpha
 
 
 def test_a_run_killed_with_sigkill_resumes_to_the_same_draft(tmp_path, cache):
@@ -155,12 +154,12 @@ def test_two_accelerate_processes_share_generation_and_training(tmp_path, cache)
     result = run(command, shared_cache)
     logged = result.stdout + result.stderr
     assert "training process 0 of 2" in logged and "training process 1 of 2" in logged  # two processes, for real
-    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    train_data = datasets.load_from_disk(summary["generate"]["train_data"])
-    assert summary["generate"]["train_answers"] == 8 == len(set(train_data["id"]))
+    summary = read_summary(tmp_path / "run")
+    train_data = datasets.load_from_disk(summary.generate.train_data)
+    assert summary.generate.train_answers == 8 == len(set(train_data["id"]))
     assert all(length > prompt for length, prompt in
                zip(map(len, train_data["input_ids"]), train_data["prompt_length"]))
-    assert summary["train"]["steps"] == 2 and (tmp_path / "run" / "draft" / "model.safetensors").is_file()
+    assert summary.train.steps == 2 and (tmp_path / "run" / "draft" / "model.safetensors").is_file()
 
 
 def test_on_policy_answers_and_more_answers_per_prompt_feed_training(tmp_path, cache):
@@ -170,14 +169,14 @@ def test_on_policy_answers_and_more_answers_per_prompt_feed_training(tmp_path, c
     # target's answers and the draft's own alone)
     result = run(train_command("generate.answers_per_prompt=2", "method.on_policy_answers=1", "method.max_steps=5",
                                "domain.code_excerpts=0", "stages=[generate,train]", f"run_dir={run_dir}"), cache)
-    summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["generate"]["train_answers"] == 16 and summary["train"]["examples"] == 16
-    assert summary["train"]["on_policy_samples"] == 8 and summary["train"]["on_policy_seconds"] > 0
-    made, bound = summary["generate"]["label_rates"]
+    summary = read_summary(run_dir)
+    assert summary.generate.train_answers == 16 and summary.train.examples == 16
+    assert summary.train.on_policy_samples == 8 and summary.train.on_policy_seconds > 0
+    made, bound = summary.generate.label_rates
     assert made["tokens"] > 0 and bound["source"] == "teacher-forced bound" and bound["tokens_per_minute"] > 0
     # the training prompts' own tokens were labelled too, by the forwards that answered them, and trained on
-    assert made["prompt_tokens"] == summary["train"]["prompt_tokens"] > 0
-    assert made["tokens"] - made["prompt_tokens"] == summary["train"]["answer_tokens"]
+    assert made["prompt_tokens"] == summary.train.prompt_tokens > 0
+    assert made["tokens"] - made["prompt_tokens"] == summary.train.answer_tokens
     printed = result.stdout + result.stderr
     assert "target-labelled tokens" in printed and "tokens per CPU-minute" in printed
     assert "of the draft's own answers labelled by the target" in printed

@@ -11,10 +11,10 @@ import torch
 
 from decode.config import DecodeConfig, PairConfig
 from decode.export.engines import ServingTarget, vllm_args, write_serving_files
-from decode.export.vllm_check import token_acceptance, vllm_check
+from decode.export.vllm_engine_check import token_acceptance, vllm_check
 from decode.files import point_symlink
 from decode.models import ModelSpec
-from decode.records import EngineCommands
+from decode.figures import EngineCommands
 from decode.pair import load_pair
 from decode.serving.process import ServerError, ServerProcess
 from decode.serving.vllm_server import (SpecDecodeCounts, VllmServer, VllmSpec, find_python, spec_decode_counts,

@@ -4,13 +4,14 @@ conf/train.yaml starts from `train_schema`, so every group file and command-line
 against these types when Hydra composes; `load()` turns the result into the dataclasses once.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Dict, List, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from decode.config import DecodeConfig, ExportConfig, PairConfig
+from decode.kinds.registry import kind_for, kind_settings
 from decode.tracking import LoggerConfig
 from distill.config import DomainConfig, GenerateConfig
 from eval.config import EvalConfig
@@ -30,7 +31,8 @@ class LoraSettings:
 
 @dataclass
 class MethodConfig:
-    """How the draft learns: the loss, the optimizer and its schedule, pruning, LoRA."""
+    """How the draft learns: the loss, the optimizer and its schedule, pruning, LoRA. What only one kind of draft
+    trains with is its kind's: pair.draft.settings."""
 
     name: str = "distill"
     loss: str = "kl_tv_mix"  # forward_kl | reverse_kl | jsd | tv | neg_log_acceptance | kl_tv_mix
@@ -62,16 +64,6 @@ class MethodConfig:
     keep_checkpoints: int = 2
     eval_every: int = 50
     autocast: str = "auto"  # auto | bf16 | off: bf16 autocast of the draft's forward; auto measures it on a CPU
-    # EAGLE-3 heads only: draft steps unrolled in training, each feeding back its own hidden states, and the
-    # weight of step i (ttt_step_weight ** i)
-    ttt_steps: int = 3
-    ttt_step_weight: float = 0.8
-    # parallel drafts only (pair.draft.kind=parallel): the tokens one forward proposes in training (1 + its mask
-    # tokens); the mask tokens at depth s train at a random share max(parallel_keep ** s, parallel_min_keep) of
-    # the positions, each with the masks before it (PARD's conditional drop-token)
-    parallel_tokens: int = 4
-    parallel_keep: float = 0.7
-    parallel_min_keep: float = 0.2
     lora: Optional[LoraSettings] = None
 
 
@@ -95,8 +87,12 @@ def register() -> None:
 
 
 def load(cfg: DictConfig) -> TrainConfig:
-    """The composed configuration as dataclasses, interpolations resolved."""
-    return OmegaConf.to_object(cfg)
+    """The composed configuration as dataclasses, interpolations resolved, the draft's kind settings whole and checked
+    (its defaults filled in: what config.yaml records and the run directory's name hashes)."""
+    config = OmegaConf.to_object(cfg)
+    draft = config.pair.draft
+    draft.settings = asdict(kind_settings(kind_for(draft), draft.settings))
+    return config
 
 
 def as_dict(config) -> dict:

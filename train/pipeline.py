@@ -1,7 +1,9 @@
 """The stages of `python -m train`: generate -> train -> eval -> export, each in the folder of its name.
 
-Each stage returns its record (decode/results.py), saved in <run_dir>/results/; a later stage loads the records
-it needs, so any stage can be run alone from the same config. summary.json rolls every current record up.
+Each stage is a function of the run context, the config and what came before it (StageArtifacts), named in
+STAGE_RUNNERS. It returns its record (decode/stage_results.py), saved in <run_dir>/results/; a later stage loads the
+records it needs, so any stage can be run alone from the same config. summary.json (decode/run_summary.py) rolls
+every current record up.
 """
 
 from __future__ import annotations
@@ -13,28 +15,31 @@ import logging
 import os
 import time
 from contextlib import contextmanager
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Callable
 
 from decode.allocator import peak_memory, peak_memory_line
 from decode.context import RunContext
 from decode.errors import ConfigError, ExportError, PromptError
 from decode.files import check_writable_directory, write_json
 from decode.names import check_name
-from decode.results import EvalResult, ExportResult, GenerateResult, TrainResult, load_result, roll_up, save_result
+from decode.run_summary import SUMMARY_FILE, RunSummary, read_summary
+from decode.stage_results import (DraftRecords, EvalResult, ExportResult, GenerateResult, TrainResult,
+                                  current_results, draft_records, save_result)
 from decode.models import model_fingerprint
-from decode.kinds.registry import KINDS, kind_named
+from decode.kinds.registry import KINDS, kind_named, kind_settings
 from decode.pair import load_pair
 from decode.precision import SETTINGS as AUTOCAST_SETTINGS
 from decode.export.card import engine_line
-from decode.records import format_figure, format_interval
+from decode.figures import format_figure, format_interval
 from decode.export.stage import export_destination, run_export
 from distill.code_text import RATE_SOURCE as CODE_TEXT_RATE
 from distill.conversations import chat_prompt_ids
 from distill.data import DomainPrompts, free_of_control_tokens, load_domain_prompts, shipped_domains
 from distill.losses import LOSSES
 from distill.magpie import check_magpie_settings, magpie_domain_prompts
-from distill.served_answers import answer_source
+from distill.answers_from_server import answer_source
 from distill.stage import target_answers
 from eval.stage import run_eval
 from train.config import STAGES, TrainConfig, as_dict
@@ -45,7 +50,6 @@ log = logging.getLogger(__name__)
 # the settings that decide what the trained draft is; the others (decode, eval, export, logger) only
 # decide how it is measured or shipped, and reuse the same run directory
 SHAPING_THE_DRAFT = ("domain", "pair", "method", "generate", "seed")
-SUMMARY = "summary.json"
 RUN_LOCK = ".lock"  # held by the command running in the run directory; holds its pid
 
 
@@ -128,16 +132,14 @@ def settings_digest(plain_config: dict) -> str:
     return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def finished_summary(config: TrainConfig, run_dir: Path, plain_config: dict) -> dict | None:
+def finished_summary(config: TrainConfig, run_dir: Path, plain_config: dict) -> RunSummary | None:
     """The run's summary when every stage asked for last finished in a command of these very settings and stages
     (the same command again has nothing to do), else None."""
-    path = run_dir / SUMMARY
-    if not path.is_file():
+    summary = read_summary(run_dir)
+    if summary is None:
         return None
-    summary = json.loads(path.read_text())
-    finished = summary.get("finished_with", {})
     digest = settings_digest(plain_config)
-    return summary if all(finished.get(stage) == digest for stage in config.stages) else None
+    return summary if all(summary.finished_with.get(stage) == digest for stage in config.stages) else None
 
 
 def check_outputs(config: TrainConfig, run_dir: Path) -> None:
@@ -199,13 +201,56 @@ def check_export_support(config: TrainConfig, pair) -> None:
             raise ExportError(reason)
 
 
+@dataclass(frozen=True)
+class StageArtifacts:
+    """What a stage reads beside the run context and the config, all made before it: the settings as plain data
+    (secrets scrubbed, as config.yaml holds them), the domain's prompts (read, or written by the target, before the
+    first stage) and the records earlier stages left in <run_dir>/results/, of this command or an earlier one."""
+
+    plain_config: dict
+    prompts: DomainPrompts
+    run_dir: Path
+
+    def draft_records(self, draft_fingerprint: str) -> DraftRecords:
+        return draft_records(self.run_dir, draft_fingerprint)
+
+
+def heldout_prompt_ids(ctx: RunContext, config: TrainConfig, artifacts: StageArtifacts) -> list[list[int]]:
+    return chat_prompt_ids(ctx.pair.tokenizer, artifacts.prompts.heldout, config.domain.system_prompt)
+
+
+def generate_stage(ctx: RunContext, config: TrainConfig, artifacts: StageArtifacts) -> GenerateResult:
+    return target_answers(ctx, config.domain, config.generate, config.decode, artifacts.prompts, create=True)[1]
+
+
+def train_stage(ctx: RunContext, config: TrainConfig, artifacts: StageArtifacts) -> TrainResult:
+    settings = kind_settings(ctx.pair.kind, config.pair.draft.settings)
+    return run_train(ctx, config.method, settings, config.domain, config.generate, config.decode, artifacts.prompts)
+
+
+def eval_stage(ctx: RunContext, config: TrainConfig, artifacts: StageArtifacts) -> EvalResult:
+    return run_eval(ctx, config.eval, config.decode, heldout_prompt_ids(ctx, config, artifacts),
+                    ctx.draft_fingerprint())
+
+
+def export_stage(ctx: RunContext, config: TrainConfig, artifacts: StageArtifacts) -> ExportResult | None:
+    return run_export(ctx, config.export, config.decode, heldout_prompt_ids(ctx, config, artifacts),
+                      config.eval.max_new_tokens, artifacts.plain_config,
+                      artifacts.draft_records(ctx.draft_fingerprint()))
+
+
+# each stage by its name in train.config.STAGES: -> its record, or None (the export on a process other than the first)
+STAGE_RUNNERS: dict[str, Callable[[RunContext, TrainConfig, StageArtifacts], object]] = {
+    "generate": generate_stage, "train": train_stage, "eval": eval_stage, "export": export_stage}
+
+
 class Pipeline:
     def __init__(self, config: TrainConfig, accelerator, tracker, run_dir: Path, plain_config: dict):
         self.config = config
         self.plain_config = plain_config  # secrets scrubbed: goes into the model card
         written_by_target = config.domain.source == "magpie"  # those prompts can be read once the target is loaded
         if not written_by_target:
-            self.prompts = load_domain_prompts(config.domain)
+            prompts = load_domain_prompts(config.domain)
         target_spec = replace(config.pair.target, device=str(accelerator.device))  # one device per process
         draft_spec = replace(config.pair.draft, device=str(accelerator.device))
         # the first process loads first: it writes what the others then read from the cache (a converted GGUF
@@ -214,71 +259,47 @@ class Pipeline:
             pair = load_pair(target_spec, draft_spec, config.pair.check_chat_template)
         check_export_support(config, pair)
         if written_by_target:
-            self.prompts = magpie_domain_prompts(config.domain, pair, model_fingerprint(target_spec), config.seed,
-                                                 config.generate.batch_size, accelerator)
-        self.prompts = free_of_control_tokens(self.prompts, pair.tokenizer, config.domain.system_prompt)
-        check_prompt_lengths(self.prompts, pair, config.domain.system_prompt,
+            prompts = magpie_domain_prompts(config.domain, pair, model_fingerprint(target_spec), config.seed,
+                                            config.generate.batch_size, accelerator)
+        prompts = free_of_control_tokens(prompts, pair.tokenizer, config.domain.system_prompt)
+        check_prompt_lengths(prompts, pair, config.domain.system_prompt,
                              max(config.generate.max_new_tokens, config.eval.max_new_tokens))
         self.ctx = RunContext(run_dir=run_dir, pair=pair, target_spec=target_spec, accelerator=accelerator,
                               tracker=tracker, seed=config.seed)
+        self.artifacts = StageArtifacts(plain_config=plain_config, prompts=prompts, run_dir=run_dir)
 
-    def run(self) -> dict:
+    def run(self) -> RunSummary:
         config, ctx = self.config, self.ctx
-        summary_path = ctx.run_dir / SUMMARY
-        previous = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-        stage_seconds = dict(previous.get("stage_seconds", {}))
-        finished_with = dict(previous.get("finished_with", {}))  # stage -> the settings_digest it last ran with
+        previous = read_summary(ctx.run_dir)
+        stage_seconds = dict(previous.stage_seconds) if previous else {}
+        # stage -> the settings_digest it last ran with
+        finished_with = dict(previous.finished_with) if previous else {}
         for name in STAGES:
             if name in config.stages:
                 log.info("stage %s", name)
                 began = time.perf_counter()
-                result = getattr(self, f"_{name}")()
+                result = STAGE_RUNNERS[name](ctx, config, self.artifacts)
                 if result is not None and ctx.is_main_process:
                     save_result(ctx.run_dir, result)
                 stage_seconds[name] = round(time.perf_counter() - began, 1)
                 finished_with[name] = settings_digest(self.plain_config)
-        identity = {"domain": config.domain.name, "method": config.method.name, "draft_kind": ctx.pair.kind.name,
-                    "run_dir": str(ctx.run_dir)}
-        summary = {**roll_up(ctx.run_dir, identity, stage_seconds), "finished_with": finished_with,
-                   "peak_memory": peak_memory(ctx.accelerator.device)}
+        summary = RunSummary(domain=config.domain.name, method=config.method.name, draft_kind=ctx.pair.kind.name,
+                             run_dir=str(ctx.run_dir), **current_results(ctx.run_dir), stage_seconds=stage_seconds,
+                             finished_with=finished_with, peak_memory=peak_memory(ctx.accelerator.device))
         if ctx.is_main_process:
-            write_json(summary_path, summary)
-        ctx.tracker.summary(summary)
+            write_json(ctx.run_dir / SUMMARY_FILE, summary.to_json())
+        ctx.tracker.summary(summary.to_json())
         return summary
 
-    def _heldout_prompt_ids(self) -> list[list[int]]:
-        return chat_prompt_ids(self.ctx.pair.tokenizer, self.prompts.heldout, self.config.domain.system_prompt)
 
-    def _generate(self) -> GenerateResult:
-        generate = self.config.generate
-        return target_answers(self.ctx, self.config.domain, generate, self.config.decode, self.prompts,
-                              create=True)[1]
-
-    def _train(self) -> TrainResult:
-        config = self.config
-        return run_train(self.ctx, config.method, config.domain, config.generate, config.decode, self.prompts)
-
-    def _eval(self) -> EvalResult:
-        return run_eval(self.ctx, self.config.eval, self.config.decode, self._heldout_prompt_ids(),
-                        self.ctx.draft_fingerprint())
-
-    def _export(self):
-        config, ctx = self.config, self.ctx
-        fingerprint = ctx.draft_fingerprint()
-        return run_export(ctx, config.export, config.decode, self._heldout_prompt_ids(), config.eval.max_new_tokens,
-                          self.plain_config, load_result(ctx.run_dir, EvalResult, fingerprint),
-                          load_result(ctx.run_dir, TrainResult, fingerprint),
-                          load_result(ctx.run_dir, GenerateResult), fingerprint)
-
-
-def format_summary(summary: dict, run_dir: Path) -> str:
+def format_summary(summary: RunSummary, run_dir: Path) -> str:
     """One screen: what the run produced and how good it is."""
-    kind = KINDS.get(summary.get("draft_kind"))
+    kind = KINDS.get(summary.draft_kind)
     kind = f" / {kind.title}" if kind and kind.title else ""
-    lines = [f"== {summary['domain']} / {summary['method']}{kind} =="]
-    if summary.get("eval"):
-        lines += _eval_lines(EvalResult.from_json(summary["eval"]))
-    trained = TrainResult.from_json(summary["train"]) if summary.get("train") else None
+    lines = [f"== {summary.domain} / {summary.method}{kind} =="]
+    if summary.eval is not None:
+        lines += _eval_lines(summary.eval)
+    trained = summary.train
     if trained and trained.validation_acceptance_end is not None:
         steps = trained.validation_acceptance_steps
         lines.append(f"expected acceptance sum(min(p, q)) on validation answers during training: "
@@ -286,25 +307,25 @@ def format_summary(summary: dict, run_dir: Path) -> str:
                      f"{format_figure(trained.validation_acceptance_end)}"
                      + (f" (draft steps 1-{len(steps)}: {', '.join(map(format_figure, steps))})" if steps else ""))
     if trained:
-        lines += _data_lines(trained, summary.get("generate") or {})
-    stages = summary.get("stage_seconds", {})
-    lines.append("time per stage: " + ", ".join(f"{name} {seconds:.0f} s" for name, seconds in stages.items()))
+        lines += _data_lines(trained, summary.generate)
+    lines.append("time per stage: " + ", ".join(f"{name} {seconds:.0f} s"
+                                                for name, seconds in summary.stage_seconds.items()))
     if trained:
         lines.append(f"draft: {Path(trained.draft_path).resolve()}")
-    if summary.get("export"):
-        exported = ExportResult.from_json(summary["export"])
+    if summary.export is not None:
+        exported = summary.export
         lines.append(f"export: {Path(exported.export_path).resolve()}"
                      + ("" if exported.evaluated else " (exported without an eval of this draft)"))
-    lines.append(f"summary: {(run_dir / SUMMARY).resolve()}")
-    if summary.get("peak_memory"):  # of the command that wrote the summary
-        lines.append(peak_memory_line(summary["peak_memory"]))
+    lines.append(f"summary: {(run_dir / SUMMARY_FILE).resolve()}")
+    if summary.peak_memory:  # of the command that wrote the summary
+        lines.append(peak_memory_line(summary.peak_memory))
     return "\n".join(lines)
 
 
-def _data_lines(trained: TrainResult, generated: dict) -> list[str]:
+def _data_lines(trained: TrainResult, generated: GenerateResult | None) -> list[str]:
     """What the draft learned from: target-labelled tokens by source, and what they cost per CPU-minute where this
     run made them (distill/throughput.py)."""
-    all_rates = generated.get("label_rates") or []
+    all_rates = generated.label_rates if generated else []
     rates = [rate for rate in all_rates if rate["source"] != CODE_TEXT_RATE]
     code_rates = [rate for rate in all_rates if rate["source"] == CODE_TEXT_RATE]
     made = f" ({rates[0]['tokens_per_minute']:,} per CPU-minute; teacher-forced bound {rates[1]['tokens_per_minute']:,})" \

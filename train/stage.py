@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from decode.config import DecodeConfig
 from decode.context import RunContext
+from decode.kinds.base import KindSettings
 from decode.models import content_fingerprint
-from decode.results import TrainResult
+from decode.stage_results import TrainResult
 from distill.config import DomainConfig, GenerateConfig
 from distill.conversations import chat_prompt_ids
 from distill.data import DomainPrompts, answer_token_count, at_one_width, examples_from_records
@@ -19,9 +20,10 @@ from train.config import MethodConfig
 from train.recipe import DistillationRecipe
 
 
-def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, generate: GenerateConfig,
-              decode: DecodeConfig, prompts: DomainPrompts) -> TrainResult:
-    """Trains, saves the draft (making the records of the previous draft stale) -> the stage's record."""
+def run_train(ctx: RunContext, method: MethodConfig, settings: KindSettings, domain: DomainConfig,
+              generate: GenerateConfig, decode: DecodeConfig, prompts: DomainPrompts) -> TrainResult:
+    """Trains, saves the draft (making the records of the previous draft stale) -> the stage's record; settings: its
+    kind's (pair.draft.settings)."""
     kind = ctx.pair.kind
     kind.check_method(method)
     answers, generated = target_answers(ctx, domain, generate, decode, prompts, create=False)
@@ -34,7 +36,7 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
     if method.prune_vocab:
         kept = most_probable_tokens(target_mass(train_examples), method.prune_vocab, _always_kept_tokens(ctx),
                                     ctx.pair.vocab_size)
-    draft = kind.starting_draft(ctx.pair, method, kept, ctx.seed)
+    draft = kind.starting_draft(ctx.pair, method, settings, kept, ctx.seed)
     draft_vocab_size = kind.draft_vocab_size(draft, ctx.pair.vocab_size)
     (train_inputs, validation_inputs), inputs_record = kind.training_inputs(
         ctx, draft, [(train_examples, generated.train_data), (validation_examples, generated.validation_data)],
@@ -42,10 +44,10 @@ def run_train(ctx: RunContext, method: MethodConfig, domain: DomainConfig, gener
     recorded_k = len(train_examples[0].target_top_ids[0])  # below top_k_logprobs where a server capped it
     on_policy = _on_policy_sampler(ctx, method, domain, generate, decode, prompts, recorded_k) \
         if method.on_policy_answers else None
-    recipe = DistillationRecipe(method, ctx.seed, kind.objective(draft, ctx.pair, method, ctx.accelerator.device),
-                                ctx.pair.vocab_size, ctx.pair.tokenizer.pad_token_id or 0, train_inputs,
-                                validation_inputs, ctx.run_dir / "checkpoints", ctx.accelerator, ctx.tracker,
-                                decode.sampling(), on_policy)
+    objective = kind.objective(draft, ctx.pair, method, settings, ctx.accelerator.device)
+    recipe = DistillationRecipe(method, ctx.seed, objective, ctx.pair.vocab_size, ctx.pair.tokenizer.pad_token_id or 0,
+                                train_inputs, validation_inputs, ctx.run_dir / "checkpoints", ctx.accelerator,
+                                ctx.tracker, decode.sampling(), on_policy)
     history = recipe.train()
     kind.save(recipe.trained_draft(), ctx, decode.gamma)
     code_text_tokens = sum(len(example.target_top_ids) for example in code_text_examples)

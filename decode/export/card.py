@@ -10,18 +10,17 @@ from pathlib import Path
 import yaml
 
 from decode.engine_rules import ENGINE_NAMES
-from decode.export.record import ExportRecord
+from decode.export.export_record import ExportRecord
 from decode.redact import redact_argument, scrub_secrets
-from decode.records import AcceptanceFigures, EngineCheck, EngineFigures, VllmCheck, format_figure, format_interval
-from decode.results import EvalResult, GenerateResult, TrainResult
+from decode.figures import AcceptanceFigures, EngineCheck, EngineFigures, VllmCheck, format_figure, format_interval
+from decode.stage_results import DraftRecords, EvalResult
 
 
-def model_card(record: ExportRecord, kind, evaluated: EvalResult | None, trained: TrainResult | None,
-               generated: GenerateResult | None, config: dict) -> str:
+def model_card(record: ExportRecord, kind, draft: DraftRecords, config: dict) -> str:
     """record: the export's paths, gamma and flags; kind: the draft's (decode/kinds/base.py), which says what the
-    draft is; evaluated / trained / generated: the records of this draft's eval, training and data (None when
-    absent); config: the resolved settings. The card is published: its command line and settings are scrubbed of
-    secrets (decode/redact.py)."""
+    draft is; draft: the records of this draft's eval, training and data (None where absent); config: the resolved
+    settings. The card is published: its command line and settings are scrubbed of secrets (decode/redact.py)."""
+    evaluated, trained, generated = draft.evaluated, draft.trained, draft.generated
     config = scrub_secrets(config)
     domain, generate, method = config["domain"], config["generate"], config["method"]
     flags = record.result.flags

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from decode.engine_rules import ENGINE_NAMES, llama_cpp_figures
 from decode.errors import ExportMismatch
-from decode.records import AcceptanceFigures, EngineCheck, EngineFigures
+from decode.figures import AcceptanceFigures, EngineCheck, EngineFigures
 from decode.serving.engine_costs import measure_engine_costs
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary
 

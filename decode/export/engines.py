@@ -11,7 +11,7 @@ import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
-from decode.records import EngineCommands
+from decode.figures import EngineCommands
 
 
 @dataclass

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -11,8 +11,8 @@ from decode.config import DecodeConfig, ExportConfig
 from decode.export.engines import ServingTarget
 from decode.export.formats import check_tokenizer
 from decode.models import ModelSpec
-from decode.export.record import DraftRecord
-from decode.records import AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures
+from decode.export.export_record import DraftRecord
+from decode.figures import AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures
 
 
 @dataclass
@@ -44,9 +44,28 @@ class ExportJob:
 
 
 @dataclass
+class RoundTrip:
+    """What the export read back, as export.json's round_trip lists it: the prompts decoded and the trained draft's
+    alpha on them (None: none decoded), each written format's figures against what it must equal, written
+    `<figure>_<format>`, and the alpha of the trained draft rounded as its GGUF stores it (None: no GGUF decoded)."""
+
+    formats: dict[str, Any]  # format -> its figures: a dataclass of its kind's
+    prompts: int | None = None
+    alpha_trained: float | None = None
+    alpha_gguf_reference: float | None = None
+
+    def to_json(self) -> dict:
+        decoded = {"prompts": self.prompts, "alpha_trained": self.alpha_trained}
+        return {**{name: value for name, value in decoded.items() if value is not None},
+                **{f"{figure}_{name}": value for name, figures in self.formats.items()
+                   for figure, value in asdict(figures).items()},
+                **({} if self.alpha_gguf_reference is None else {"alpha_gguf_reference": self.alpha_gguf_reference})}
+
+
+@dataclass
 class WrittenDraft:
     flags: EngineCommands  # how the engines serve it
-    checks: dict  # the round trip: each read-back check's figure
+    checks: RoundTrip  # each written format read back
     record: DraftRecord  # what export.json says of the draft
     engine: EngineCheck | None = None  # None: not checked (export.engine_check=false, no GGUF)
 

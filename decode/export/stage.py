@@ -36,17 +36,16 @@ from decode.context import RunContext
 from decode.errors import ExportError
 from decode.export.card import model_card
 from decode.export.engine_check import engine_warnings
-from decode.export.vllm_check import format_check, vllm_check
+from decode.export.vllm_engine_check import format_check, vllm_check
 from decode.export.engines import ServingTarget, write_serving_files
 from decode.export.job import ExportJob
-from decode.export.record import RECORD_FILE, ExportRecord, holds_an_export
+from decode.export.export_record import RECORD_FILE, ExportRecord, holds_an_export
 from decode.files import published
 from decode.kinds.registry import kind_for
 from decode.models import gguf_path, serving_path
 from decode.pair import load_draft
-from decode.records import EngineCheck, ServingStepCosts, VllmCheck
-from decode.results import (ENGINE_CHECK, RESULTS_DIR, VLLM_CHECK, EvalResult, ExportResult, GenerateResult,
-                            TrainResult)
+from decode.figures import EngineCheck, ServingStepCosts, VllmCheck
+from decode.stage_results import ENGINE_CHECK, RESULTS_DIR, VLLM_CHECK, DraftRecords, EvalResult, ExportResult
 from decode.serving.vllm_server import VllmSpec, vllm_draft_settings
 
 log = logging.getLogger(__name__)
@@ -114,13 +113,13 @@ def identity(path: Path) -> tuple[int, int] | None:
 
 
 def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, verify_prompt_ids: list[list[int]],
-               verify_max_new_tokens: int, config: dict, evaluated: EvalResult | None, trained: TrainResult | None,
-               generated: GenerateResult | None, draft_fingerprint: str) -> ExportResult | None:
+               verify_max_new_tokens: int, config: dict, draft: DraftRecords) -> ExportResult | None:
     """Writes the export of the run's trained draft; `config` (plain data) goes into the model card.
 
-    `evaluated` is the eval of this very draft (None when it has none: the export then serves at decode.gamma and
-    its card says it was not evaluated); `trained` and `generated` describe how it was made.
+    `draft.evaluated` is the eval of this very draft (None when it has none: the export then serves at decode.gamma
+    and its card says it was not evaluated); `draft.trained` and `draft.generated` describe how it was made.
     """
+    evaluated = draft.evaluated
     draft_spec = ctx.trained_draft_spec()
     destination = export_destination(ctx.run_dir, settings)
     if not ctx.is_main_process:
@@ -147,21 +146,21 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
         engine = written.engine
         warning = evaluated.verdict if evaluated else None
         write_serving_files(staging / "serving", written.flags, warning, engine_warnings(job.engines, engine))
-        checks = {**written.checks, **({ENGINE_CHECK: engine.to_json()} if engine else {})}
+        checks = {**written.checks.to_json(), **({ENGINE_CHECK: engine.to_json()} if engine else {})}
         if settings.vllm_check and "vllm" in written.record.files:
             checks[VLLM_CHECK] = served_by_vllm(job, staging, written).to_json()
-        result = ExportResult(draft_fingerprint=draft_fingerprint, export_path=str(destination), gamma=job.gamma,
+        result = ExportResult(draft_fingerprint=draft.fingerprint, export_path=str(destination), gamma=job.gamma,
                               evaluated=evaluated is not None, flags=written.flags, round_trip=checks)
         record = ExportRecord(result=result, worth_serving=warning is None if evaluated else None,
                               step_costs=serving_step_costs(evaluated, engine, job.gamma), **vars(written.record))
         (staging / RECORD_FILE).write_text(json.dumps(record.to_json(), indent=2) + "\n")
-        (staging / "README.md").write_text(model_card(record, kind, evaluated, trained, generated, config))
+        (staging / "README.md").write_text(model_card(record, kind, draft, config))
     return result
 
 
 def served_by_vllm(job: ExportJob, staging: Path, written) -> VllmCheck:
-    """The staged draft/ served by vLLM beside the target alone on the verify prompts (decode/export/vllm_check.py);
-    an ExportMismatch when vLLM refuses it or drafts nothing."""
+    """The staged draft/ served by vLLM beside the target alone on the verify prompts
+    (decode/export/vllm_engine_check.py); an ExportMismatch when vLLM refuses it or drafts nothing."""
     spec = VllmSpec(job.target.hf_path, str(staging / written.record.files["vllm"]),
                     **vllm_draft_settings(written.flags.vllm_speculative_config), gamma=job.gamma)
     draft = load_draft(job.ctx.pair.target, job.ctx.pair.tokenizer, job.draft_spec)[0]

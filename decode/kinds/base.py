@@ -2,9 +2,9 @@
 export and the harnesses ask of a draft instead of testing its type.
 
 A kind is one folder under decode/kinds/ and one line in decode/kinds/registry.py; it builds on this module and
-the shared bases in decode/kinds/common/, never on another kind. Its hooks take the run's context and the
-method's settings as they come (decode.context.RunContext, train.config.MethodConfig): this floor imports nothing
-above decode.
+the shared bases in decode/kinds/common/, never on another kind. Its own settings are a dataclass of its folder
+(settings_type), read from pair.draft.settings. The types its hooks take from above this floor (the run's context,
+the pair, the method's settings) are imported for type checking only.
 """
 
 from __future__ import annotations
@@ -14,19 +14,26 @@ import json
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Generic, TypeVar
 
 import torch
 from torch import nn
 
 from decode.config import ExportConfig
 from decode.drafting import Drafter
-from decode.examples import Example, collate
+from decode.examples import Batch, Example, collate
 from decode.export.job import ExportJob, WrittenDraft
-from decode.export.record import ExportRecord
+from decode.export.export_record import ExportRecord
 from decode.errors import PairError
 from decode.models import ModelSpec, locate
+from decode.runner import CausalLMRunner
 from decode.serving.llama_server import DRAFT_SPEC_TYPE
+
+if TYPE_CHECKING:
+    from decode.context import RunContext
+    from decode.kinds.common.hidden_state_head import HeadRunner
+    from decode.pair import ModelPair
+    from train.config import MethodConfig
 
 
 def model_directory(spec: ModelSpec) -> str | None:
@@ -46,6 +53,15 @@ def written_config(spec: ModelSpec) -> dict:
     directory = model_directory(spec)
     config = Path(directory, "config.json") if directory else None
     return json.loads(config.read_text()) if config is not None and config.is_file() else {}
+
+
+@dataclass
+class KindSettings:
+    """pair.draft.settings of a kind that has none; a kind with settings declares its own dataclass, a subclass of
+    this one in its folder, which checks its values as it is built (ConfigError)."""
+
+
+SettingsT = TypeVar("SettingsT", bound=KindSettings)
 
 
 @dataclass
@@ -71,16 +87,16 @@ class TrainingObjective(abc.ABC):
     # submodules' weights without calling them must be one unit
     fsdp_units_below_root: bool = True
 
-    def collate(self, examples: list[Example], pad_token_id: int) -> dict:
+    def collate(self, examples: list[Example], pad_token_id: int) -> Batch:
         """Examples -> the batch's tensors (decode/examples.py), with whatever else the draft reads."""
         return collate(examples, pad_token_id)
 
     @abc.abstractmethod
-    def training_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+    def training_steps(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[DraftStep]:
         """The draft steps the loss scores, the forward run under autocast()."""
 
     @abc.abstractmethod
-    def validation_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+    def validation_steps(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[DraftStep]:
         """The draft steps as the decoder samples them: logits over the columns it may propose."""
 
     @abc.abstractmethod
@@ -98,12 +114,13 @@ class TrainingObjective(abc.ABC):
         raise NotImplementedError(f"{type(self).__name__} does not sample on-policy")
 
 
-class DraftKind(abc.ABC):
+class DraftKind(abc.ABC, Generic[SettingsT]):
     """A kind of draft: how one is loaded and checked against its target, drafts in the decoder, trains, is saved
     and exported. Stateless: the registry holds one instance per kind."""
 
     name: str  # the value of pair.draft.kind
     title: str  # what a summary calls a draft of this kind ("" for the plain draft model)
+    settings_type: type[SettingsT] = KindSettings  # what pair.draft.settings holds for it
     gguf_runs_alone = True  # llama-bench can time its GGUF without the target
     # the general.architecture of its GGUF where llama.cpp drafts with it by a --spec-type of its own (a head), and
     # that --spec-type (decode/serving/llama_server.py HEAD_SPEC_TYPES)
@@ -122,8 +139,10 @@ class DraftKind(abc.ABC):
         return False
 
     @abc.abstractmethod
-    def load(self, target: nn.Module, target_tokenizer, spec: ModelSpec) -> tuple[nn.Module, object]:
-        """-> (the draft spec names, its tokenizer), on spec's device and dtype."""
+    def load(self, target: nn.Module, target_tokenizer, spec: ModelSpec,
+             settings: SettingsT) -> tuple[nn.Module, object]:
+        """-> (the draft spec names, its tokenizer), on spec's device and dtype; settings: spec.settings as this kind
+        reads them."""
 
     @abc.abstractmethod
     def check_pair(self, target: nn.Module, draft: nn.Module, target_tokenizer, draft_tokenizer,
@@ -132,30 +151,33 @@ class DraftKind(abc.ABC):
 
     # ---- decoding ------------------------------------------------------------------------------------
     @abc.abstractmethod
-    def runner(self, draft: nn.Module, target: nn.Module, vocab_size: int, backend: str):
+    def runner(self, draft: nn.Module, target: nn.Module, vocab_size: int,
+               backend: str) -> CausalLMRunner | HeadRunner:
         """The runner the decoder and the step costs call the draft through."""
 
     @abc.abstractmethod
-    def drafter(self, runner) -> Drafter:
+    def drafter(self, runner: CausalLMRunner | HeadRunner) -> Drafter:
         """One generate call's drafting over `runner` (decode/drafting.py); also what the step costs time."""
 
     # ---- training ------------------------------------------------------------------------------------
-    def check_method(self, method) -> None:
+    def check_method(self, method: MethodConfig) -> None:
         """ConfigError for training settings this kind cannot train with, before any work."""
 
     @abc.abstractmethod
-    def starting_draft(self, pair, method, draft_vocabulary: list[int] | None, seed: int) -> nn.Module:
+    def starting_draft(self, pair: ModelPair, method: MethodConfig, settings: SettingsT,
+                       draft_vocabulary: list[int] | None, seed: int) -> nn.Module:
         """A float32 copy of the pair's draft (or a fresh one) ready to train; draft_vocabulary: the tokens a
         pruned draft keeps (None: all)."""
 
-    def training_inputs(self, ctx, draft: nn.Module, splits: list[tuple[list[Example], str]],
+    def training_inputs(self, ctx: RunContext, draft: nn.Module, splits: list[tuple[list[Example], str]],
                         batch_size: int) -> tuple[list[list[Example]], dict[str, Any]]:
         """The examples of each (examples, their answers' directory) with what else the draft reads, and what the
         train record says of computing that."""
         return [examples for examples, _ in splits], {}
 
     @abc.abstractmethod
-    def objective(self, draft: nn.Module, pair, method, device: torch.device) -> TrainingObjective:
+    def objective(self, draft: nn.Module, pair: ModelPair, method: MethodConfig, settings: SettingsT,
+                  device: torch.device) -> TrainingObjective:
         """What `draft` (from starting_draft) learns."""
 
     @abc.abstractmethod
@@ -163,7 +185,7 @@ class DraftKind(abc.ABC):
         """The tokens the draft proposes (None: the whole vocabulary)."""
 
     @abc.abstractmethod
-    def save(self, draft: nn.Module, ctx, gamma: int) -> None:
+    def save(self, draft: nn.Module, ctx: RunContext, gamma: int) -> None:
         """Writes the trained draft to ctx.draft_dir (every process calls it; the main one writes)."""
 
     # ---- export and engines --------------------------------------------------------------------------

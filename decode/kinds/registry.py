@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+import dataclasses
+from typing import Any, Mapping
+
+from omegaconf import OmegaConf
+from omegaconf.errors import ValidationError
 from torch import nn
 
-from decode.errors import PairError
-from decode.kinds.base import DraftKind
+from decode.errors import ConfigError, PairError
+from decode.kinds.base import DraftKind, KindSettings
 from decode.kinds.dflash.kind import DFlashKind
 from decode.kinds.eagle3.kind import Eagle3Kind
 from decode.kinds.independent.kind import IndependentKind
@@ -61,3 +66,23 @@ def the_one(kinds: list[DraftKind], what: str) -> DraftKind | None:
     if len(kinds) > 1:
         raise PairError(f"{what} is marked as a draft of each of the kinds {[kind.name for kind in kinds]}")
     return kinds[0] if kinds else None
+
+
+def kind_settings(kind: DraftKind, given: Mapping[str, Any]) -> KindSettings:
+    """pair.draft.settings (`given`) as `kind`'s settings, its defaults where none is given and its values checked;
+    ConfigError for a key it does not have (naming the kinds that do) or a value of another type."""
+    names = setting_names(kind)
+    for key in given:
+        if key not in names:
+            owners = [other.name for other in KINDS.values() if key in setting_names(other)]
+            where = f"; it is a setting of pair.draft.kind={' or '.join(owners)}" if owners else ""
+            raise ConfigError(f"pair.draft.settings.{key}: a draft of kind {kind.name} has no such setting (its "
+                              f"settings: {', '.join(names) or 'none'}){where}")
+    try:
+        return OmegaConf.to_object(OmegaConf.merge(OmegaConf.structured(kind.settings_type), dict(given)))
+    except ValidationError as error:
+        raise ConfigError(f"pair.draft.settings.{error.full_key}: {str(error).splitlines()[0]}") from None
+
+
+def setting_names(kind: DraftKind) -> list[str]:
+    return [field.name for field in dataclasses.fields(kind.settings_type)]

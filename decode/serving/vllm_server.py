@@ -26,7 +26,7 @@ from typing import Optional
 from prometheus_client.parser import text_string_to_metric_families
 
 from decode.cost_model import DEFAULT_GAMMA
-from decode.export.record import RECORD_FILE, read_export_record
+from decode.export.export_record import RECORD_FILE, read_export_record
 from decode.serving.llama_server import Completion
 from decode.serving.process import ServerError, ServerProcess
 

@@ -1,6 +1,6 @@
 """python -m eval.harness.vllm_check EXPORT_DIR [--domain code] [--prompts 4] [--max-new-tokens 64] [--gamma G]
 
-The engine check in vLLM on an export (decode/export/vllm_check.py): its draft/ served with the method and gamma
+The engine check in vLLM on an export (decode/export/vllm_engine_check.py): its draft/ served with the method and gamma
 of its export.json beside the target served alone, greedy, on the domain's first held-out prompts. Prints vLLM's
 own counters (rounds, drafted, accepted, accepted per draft position), alpha and per-token acceptance beside this
 project's decoder's on the same prompts, whether the draft changed any greedy token, and each server's tokens per
@@ -15,11 +15,11 @@ from typing import Optional
 
 from decode.cli import exit_on_user_error
 from decode.errors import ConfigError
-from decode.export.record import read_export_record
-from decode.export.vllm_check import format_check, vllm_check
+from decode.export.export_record import read_export_record
+from decode.export.vllm_engine_check import format_check, vllm_check
 from decode.models import ModelSpec
 from decode.pair import load_pair
-from decode.records import VllmCheck
+from decode.figures import VllmCheck
 from decode.serving.process import ServerError
 from decode.serving.vllm_server import export_spec, find_python
 from distill.domains import domain_config

@@ -25,7 +25,7 @@ from filelock import FileLock, Timeout
 
 from decode.cost_model import break_even_acceptance
 from decode.errors import ConfigError, SpecdraftError
-from decode.export.record import RECORD_FILE, serving_step_costs_of
+from decode.export.export_record import RECORD_FILE, serving_step_costs_of
 from decode.files import check_writable_directory, remove_stale_staging, write_json
 from decode.names import NAME_RULE, is_plain_name
 from decode.storage import check_free_space

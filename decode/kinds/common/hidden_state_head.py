@@ -4,9 +4,9 @@ is served with a --spec-type of its own by llama.cpp. Its files mark it (each ki
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import torch
 import torch.nn.functional as F
@@ -20,12 +20,16 @@ from decode.examples import Example
 from decode.export.engine_check import missing_server, served_draft_counts
 from decode.export.gguf import OUTTYPES
 from decode.export.job import ExportJob, WrittenDraft
-from decode.kinds.base import DraftKind, model_directory
+from decode.kinds.base import DraftKind, SettingsT, model_directory
 from decode.kinds.common.target_features import featured_splits
 from decode.matmul_route import skinny_route
 from decode.models import ModelSpec, resolve_dtype
-from decode.records import EngineCheck
+from decode.figures import EngineCheck
 from decode.serving.llama_server import ServerSpec
+
+if TYPE_CHECKING:
+    from decode.context import RunContext
+    from train.config import MethodConfig
 
 
 @dataclass(frozen=True)
@@ -44,7 +48,33 @@ class HeadParts:
     llama_cpp_spec_type: str  # the --spec-type llama-server drafts with it by
 
 
-class HiddenStateHeadKind(DraftKind):
+class HeadFields:
+    """What export.json says of a head beyond its files, under its kind's name (DraftRecord.kind_fields): a dataclass
+    of the kind's, whose sglang_skipped (why SGLang cannot serve the head) is written only where set."""
+
+    sglang_skipped: str | None
+
+    def to_json(self) -> dict:
+        fields = asdict(self)
+        if fields["sglang_skipped"] is None:
+            del fields["sglang_skipped"]
+        return fields
+
+    @classmethod
+    def from_json(cls, fields: dict):
+        return cls(**fields)
+
+
+@dataclass
+class HeadFigures:
+    """A written head read back against its reference: its logits on a random probe, then decoding for the target."""
+
+    logit_difference: float  # the largest
+    alpha: float
+    same_greedy_output: bool
+
+
+class HiddenStateHeadKind(DraftKind[SettingsT]):
     gguf_runs_alone = False  # it reads its target's states: llama-bench cannot time it alone
     parts: HeadParts
 
@@ -80,7 +110,7 @@ class HiddenStateHeadKind(DraftKind):
         """The target layers whose states the head reads, as transformers' hidden_states indexes them."""
         return list(draft.config.capture_layers)
 
-    def save(self, draft: nn.Module, ctx, gamma: int) -> None:
+    def save(self, draft: nn.Module, ctx: RunContext, gamma: int) -> None:
         draft = draft.to(dtype=next(ctx.pair.target.parameters()).dtype)
         if ctx.is_main_process:
             self.save_head(draft, ctx.draft_dir, gamma)
@@ -108,7 +138,7 @@ class HiddenStateHeadKind(DraftKind):
             raise PairError(f"the {self.title} knows {draft.config.vocab_size} tokens, the target's tokenizer "
                             f"{len(target_tokenizer)}: train a head for this target")
 
-    def check_method(self, method) -> None:
+    def check_method(self, method: MethodConfig) -> None:
         if method.lora:
             raise ConfigError(f"method.lora is not supported for pair.draft.kind={self.name}: the head is trained "
                               f"whole; use method=distill")
@@ -116,7 +146,8 @@ class HiddenStateHeadKind(DraftKind):
             raise ConfigError(f"method.on_policy_answers is not supported for pair.draft.kind={self.name}; set it "
                               f"to 0")
 
-    def training_inputs(self, ctx, draft: nn.Module, splits: list[tuple[list[Example], str]], batch_size: int):
+    def training_inputs(self, ctx: RunContext, draft: nn.Module, splits: list[tuple[list[Example], str]],
+                        batch_size: int):
         """The target's states at the head's capture layers beside every example (cached per answers dataset)."""
         return featured_splits(ctx, self.capture_layers(draft), splits, batch_size)
 

@@ -19,4 +19,5 @@ def unused_special_token(tokenizer, eos_token_ids: list[int]) -> int:
     if pad is not None and pad not in eos_token_ids and tokenizer.pad_token not in template:
         return pad
     raise PairError("the draft reads a mask token where it drafts ahead, and the tokenizer has no special token that "
-                    "chat text never holds: set pair.draft.mask_token to the id of a token your data never contains")
+                    "chat text never holds: set pair.draft.settings.mask_token to the id of a token your data never "
+                    "contains")

@@ -7,6 +7,7 @@ from __future__ import annotations
 import copy
 import warnings
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -15,14 +16,20 @@ from transformers import PreTrainedModel
 from decode.errors import PairError
 from decode.export.gguf import gguf_unsupported_reason, write_gguf
 from decode.export.job import ExportJob, WrittenDraft
-from decode.export.record import ExportRecord
+from decode.export.export_record import ExportRecord
 from decode.files import published
-from decode.kinds.base import DraftKind, written_config
+from decode.kinds.base import DraftKind, SettingsT, written_config
 from decode.kinds.common import model_draft_export
 from decode.kinds.common.next_token_objective import NextTokenObjective
 from decode.kinds.common.pruned_head import base_causal_lm
 from decode.models import ModelSpec, derive_draft, fresh_draft, load_model, load_tokenizer, make_runner
+from decode.runner import CausalLMRunner
 from decode.tokenizers import tokenizer_differences
+
+if TYPE_CHECKING:
+    from decode.context import RunContext
+    from decode.pair import ModelPair
+    from train.config import MethodConfig
 
 KIND_FIELD = "draft_kind"  # the config attribute that names a draft model's kind
 
@@ -36,7 +43,7 @@ def mark_kind(draft: nn.Module, name: str) -> None:
     setattr(draft.config, KIND_FIELD, name)
 
 
-class ModelDraftKind(DraftKind):
+class ModelDraftKind(DraftKind[SettingsT]):
     # the config.json fields its GGUF's metadata does not carry
     config_fields: tuple[str, ...] = ("draft_vocab", KIND_FIELD)
     # the further --speculative-config entries vLLM drafts with it by
@@ -48,12 +55,12 @@ class ModelDraftKind(DraftKind):
     def found_at(self, spec: ModelSpec) -> bool:
         return written_config(spec).get(KIND_FIELD) == self.name
 
-    def load(self, target, target_tokenizer, spec: ModelSpec):
-        draft, tokenizer = self.load_model(target, target_tokenizer, spec)
+    def load(self, target, target_tokenizer, spec: ModelSpec, settings: SettingsT):
+        draft, tokenizer = self.load_model(target, target_tokenizer, spec, settings)
         mark_kind(draft, self.name)
         return draft, tokenizer
 
-    def load_model(self, target, target_tokenizer, spec: ModelSpec):
+    def load_model(self, target, target_tokenizer, spec: ModelSpec, settings: SettingsT):
         if spec.path:
             return load_model(spec), load_tokenizer(spec)
         if spec.fresh:
@@ -88,10 +95,11 @@ class ModelDraftKind(DraftKind):
         if next(target.parameters()).device != next(draft.parameters()).device:
             raise PairError("draft and target are on different devices; set pair.draft.device like the target's")
 
-    def runner(self, draft, target, vocab_size: int, backend: str):
+    def runner(self, draft, target, vocab_size: int, backend: str) -> CausalLMRunner:
         return make_runner(draft, vocab_size, backend)
 
-    def starting_draft(self, pair, method, draft_vocabulary: list[int] | None, seed: int) -> nn.Module:
+    def starting_draft(self, pair: ModelPair, method: MethodConfig, settings: SettingsT,
+                       draft_vocabulary: list[int] | None, seed: int) -> nn.Module:
         draft = copy.deepcopy(pair.draft).float().train()
         # set also when None: a draft started from a pruned one is not pruned
         draft.config.draft_vocab = draft_vocabulary
@@ -102,14 +110,15 @@ class ModelDraftKind(DraftKind):
             draft = _with_lora(draft, method.lora)
         return draft
 
-    def objective(self, draft: nn.Module, pair, method, device: torch.device) -> NextTokenObjective:
+    def objective(self, draft: nn.Module, pair: ModelPair, method: MethodConfig, settings: SettingsT,
+                  device: torch.device) -> NextTokenObjective:
         return NextTokenObjective(draft, pair.vocab_size, device)
 
     def draft_vocab_size(self, draft: nn.Module, vocab_size: int) -> int | None:
         kept = getattr(base_causal_lm(draft).config, "draft_vocab", None)
         return len(kept) if kept else None
 
-    def save(self, draft: nn.Module, ctx, gamma: int) -> None:
+    def save(self, draft: nn.Module, ctx: RunContext, gamma: int) -> None:
         """The main process writes the draft (under FSDP the only one holding its gathered weights)."""
         if ctx.is_main_process:
             if hasattr(draft, "merge_and_unload"):

@@ -3,6 +3,7 @@ read back and decoded against the trained draft before it lands."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -14,16 +15,25 @@ from decode.export.engine_check import engine_check
 from decode.export.engines import ServingTarget, llama_cpp_args, sglang_args, vllm_args
 from decode.export.formats import serving_copy
 from decode.export.gguf import rounded_as_written, write_gguf
-from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
-from decode.export.record import DraftRecord
+from decode.export.job import ExportJob, RoundTrip, WrittenDraft, save_target_tokenizer
+from decode.export.export_record import DraftRecord
 from decode.models import ModelSpec, load_model
-from decode.records import EngineCommands
+from decode.figures import EngineCommands
 from decode.sampling import SamplingParams
 from decode.serving.llama_server import DRAFT_SPEC_TYPE, ServerSpec
 
 # an exported draft's log-probabilities may differ from the trained one's by float noise only; a wrong or
 # perturbed tensor moves them by whole units
 MAX_LOGPROB_DIFFERENCE = 1e-2
+
+
+@dataclass
+class DecodedFigures:
+    """A written draft model read back and decoded against the trained one."""
+
+    alpha: float
+    same_greedy_output: bool
+    max_logprob_difference: float  # of the next-token log-probabilities over the decoded sequences
 
 
 def write_draft(job: ExportJob, staging: Path, kind) -> WrittenDraft:
@@ -37,7 +47,7 @@ def write_draft(job: ExportJob, staging: Path, kind) -> WrittenDraft:
     if settings.gguf:
         gguf_path = write_gguf(draft, ctx.pair.tokenizer, staging / "draft.gguf", tokenizer_source_gguf=job.target_gguf,
                                outtype=settings.gguf_type)
-    checks, engine = {}, None
+    checks, engine = RoundTrip({}), None
     if settings.verify_prompts:
         checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, job.decode, job.verify_ids,
                             job.max_new_tokens, settings.gguf_type, kind.config_fields)
@@ -74,7 +84,7 @@ def draft_model_config(draft_dir: str, gamma: int, options: dict) -> dict:
 
 def round_trip(ctx, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path | None,
                decode: DecodeConfig, prompt_ids: list[list[int]], max_new_tokens: int, gguf_type: str,
-               config_fields: tuple[str, ...]) -> dict:
+               config_fields: tuple[str, ...]) -> RoundTrip:
     """The exported draft(s) reloaded and decoded against the draft as trained: same greedy output, same alpha,
     and the same next-token log-probabilities (to MAX_LOGPROB_DIFFERENCE) over the decoded sequences: alpha alone
     cannot tell two drafts apart where both accept nothing.
@@ -96,17 +106,15 @@ def round_trip(ctx, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path |
         for field in config_fields:
             setattr(reread.config, field, getattr(loaded["hf"].config, field, None))
         loaded["gguf"] = reread.to(dtype=next(loaded["hf"].parameters()).dtype, device=draft_spec.device)
-    checks = {"prompts": len(prompt_ids), "alpha_trained": reference["hf"][1]}
+    checks = RoundTrip({}, len(prompt_ids), reference["hf"][1])
     for name, draft in loaded.items():
         tokens, alpha, _ = decode_with(draft)
         reference_tokens, reference_alpha, reference_draft = reference[name]
         sequences = [prompt + answer for prompt, answer in zip(prompt_ids, reference_tokens)]
         difference = logprob_difference(draft, reference_draft, sequences)
-        checks[f"alpha_{name}"] = alpha
-        checks[f"same_greedy_output_{name}"] = tokens == reference_tokens
-        checks[f"max_logprob_difference_{name}"] = difference
+        checks.formats[name] = DecodedFigures(alpha, tokens == reference_tokens, difference)
         if name == "gguf":
-            checks["alpha_gguf_reference"] = reference_alpha  # the trained draft rounded as stored
+            checks.alpha_gguf_reference = reference_alpha  # the trained draft rounded as stored
         if tokens != reference_tokens or abs(alpha - reference_alpha) > 0.01 or difference > MAX_LOGPROB_DIFFERENCE:
             raise ExportMismatch(f"the exported {name} draft decodes differently from the trained one"
                                  f"{' rounded as stored' if name == 'gguf' else ''} (alpha {alpha:.4f} vs "

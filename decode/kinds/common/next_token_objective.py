@@ -9,6 +9,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from decode.examples import Batch
 from decode.kinds.base import DraftStep, TrainingObjective
 from decode.kinds.common.pruned_head import (base_causal_lm, prune_for_training, restore_full_head,
                                                    resume_pruned_training)
@@ -28,15 +29,15 @@ class NextTokenObjective(TrainingObjective):
             self.kept_index[self.kept_ids] = torch.arange(len(kept), device=device)
             prune_for_training(causal_lm, self.kept_ids.cpu())
 
-    def _logits(self, module: nn.Module, batch: dict, autocast: Callable) -> torch.Tensor:
+    def _logits(self, module: nn.Module, batch: Batch, autocast: Callable) -> torch.Tensor:
         with autocast():
             return module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
                           use_cache=False).logits
 
-    def training_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+    def training_steps(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[DraftStep]:
         return [DraftStep(self._logits(module, batch, autocast), columns=self.kept_index)]
 
-    def validation_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+    def validation_steps(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[DraftStep]:
         logits = self._logits(module, batch, autocast)
         if self.kept_index is None:  # the head may have more rows than the vocabulary
             logits = logits[..., : self.vocab_size]

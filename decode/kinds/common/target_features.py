@@ -24,7 +24,7 @@ from safetensors.torch import load_file, save_file
 
 from decode.cache_entries import CacheEntry
 from decode.models import cache_root, model_fingerprint
-from decode.examples import Example, collate
+from decode.examples import Batch, Example, collate
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +148,7 @@ def read_features(path: Path) -> TargetFeatures:
     return features
 
 
-def collate_with_target_hidden(examples: list[FeaturedExample], pad_token_id: int) -> dict:
+def collate_with_target_hidden(examples: list[FeaturedExample], pad_token_id: int) -> Batch:
     """collate's tensors plus target_hidden [B, T, 3 H_t] (zeros past each row's end)."""
     batch = collate(examples, pad_token_id)
     batch_size, width = batch["input_ids"].shape

@@ -7,18 +7,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
 from decode.errors import ExportMismatch
 from decode.export.engines import ServingTarget, llama_cpp_args, vllm_args
-from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
-from decode.export.record import DraftRecord
-from decode.kinds.common.hidden_state_head import head_engine_check, staged_gguf
+from decode.export.job import ExportJob, RoundTrip, WrittenDraft, save_target_tokenizer
+from decode.export.export_record import DraftRecord
+from decode.kinds.common.hidden_state_head import HeadFields, HeadFigures, head_engine_check, staged_gguf
 from decode.kinds.dflash.gguf import CHECK_TOLERANCE, SPEC_TYPE, gguf_reference, read_dflash_gguf, write_dflash_gguf
 from decode.kinds.dflash.head import DFlashHead, load_head, save_head_files
-from decode.records import EngineCommands
+from decode.figures import EngineCommands
 from decode.sampling import SamplingParams
 from decode.serving.llama_server import ServerSpec
 
@@ -71,8 +72,17 @@ def layout_difference(reference: DFlashHead, head: DFlashHead) -> str | None:
     return None
 
 
+@dataclass
+class BlockRoundTrip(RoundTrip):
+    def to_json(self) -> dict:
+        """alpha_trained after the formats' figures, where a DFlash export.json has always held it."""
+        checks = super().to_json()
+        return {**{name: value for name, value in checks.items() if name != "alpha_trained"},
+                "alpha_trained": checks["alpha_trained"]}
+
+
 def round_trip(pair, written: dict[str, tuple[DFlashHead, DFlashHead, str, float]], prompt_ids: list[list[int]],
-               max_new_tokens: int, policy, trained_path: str) -> dict:
+               max_new_tokens: int, policy, trained_path: str) -> RoundTrip:
     """Each read-back head against its reference (format -> (read head, reference, its name, logit tolerance)): the
     same layout, logits within tolerance, and the same greedy tokens and alpha drafting for the target."""
     greedy, decoded = SamplingParams(temperature=0), {}
@@ -83,7 +93,7 @@ def round_trip(pair, written: dict[str, tuple[DFlashHead, DFlashHead, str, float
         result = pair.decoder(head).generate(prompt_ids, max_new_tokens, greedy, policy)
         return result.tokens, result.metrics.alpha
 
-    checks = {"prompts": len(prompt_ids)}
+    checks = BlockRoundTrip({}, len(prompt_ids))
     for name, (head, reference, reference_name, tolerance) in written.items():
         problem = layout_difference(reference, head)
         difference = None if problem else logit_difference(block_logits_probe(reference, embeddings, output),
@@ -92,8 +102,6 @@ def round_trip(pair, written: dict[str, tuple[DFlashHead, DFlashHead, str, float
             decoded[reference_name] = decode_with(reference)
         reference_tokens, reference_alpha = decoded[reference_name]
         tokens, alpha = decode_with(head) if not problem else (None, None)
-        checks.update({f"logit_difference_{name}": difference, f"alpha_{name}": alpha,
-                       f"same_greedy_output_{name}": tokens == reference_tokens})
         if problem or not difference <= tolerance or tokens != reference_tokens \
                 or abs(alpha - reference_alpha) > ALPHA_SLACK:
             found = problem or (f"other results than {reference_name}: logits up to {difference:.3g} apart (allowed "
@@ -101,7 +109,8 @@ def round_trip(pair, written: dict[str, tuple[DFlashHead, DFlashHead, str, float
                                 f"{tokens == reference_tokens}")
             raise ExportMismatch(f"the exported {name} head reads back with {found}; nothing was published, the "
                                  f"trained head is intact in {trained_path}")
-    checks["alpha_trained"] = decoded["the trained head"][1]
+        checks.formats[name] = HeadFigures(difference, alpha, tokens == reference_tokens)
+    checks.alpha_trained = decoded["the trained head"][1]
     return checks
 
 
@@ -111,7 +120,7 @@ def write_draft(job: ExportJob, staging: Path, kind_name: str) -> WrittenDraft:
     save_head_files(head, staging / "draft", verifier=job.target.hf_path)
     save_target_tokenizer(ctx, staging / "draft")  # so that pair.draft.path=<export> finds the target's tokens
     gguf_path = staged_gguf(job, head, staging, write_dflash_gguf)
-    checks, engine = {}, None
+    checks, engine = RoundTrip({}), None
     if settings.verify_prompts:
         parameter = next(head.parameters())
         like = {"dtype": parameter.dtype, "device": parameter.device}
@@ -130,17 +139,29 @@ def write_draft(job: ExportJob, staging: Path, kind_name: str) -> WrittenDraft:
                           min(job.gamma, head.config.block_size - 1), sglang=sglang_skipped is None)
     files = {"vllm": "draft", **({"sglang": "draft"} if sglang_skipped is None else {}),
              **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
+    fields = dflash_record(head, sglang_skipped)
     return WrittenDraft(flags, checks, DraftRecord(draft_kind=kind_name, draft_vocab_size=head.config.draft_vocab_size,
-                                                   files=files, kind_fields=dflash_record(head, sglang_skipped)),
+                                                   files=files, kind_fields=fields.to_json()),
                         engine)
 
 
-def dflash_record(head: DFlashHead, sglang_skipped: str | None) -> dict:
+@dataclass
+class DFlashFields(HeadFields):
+    """What export.json and the model card say of the head beyond its files."""
+
+    layers: int
+    target_layer_ids: list[int]
+    target_layers: int
+    block_size: int
+    mask_token_id: int
+    llama_cpp_step_costs: str
+    sglang_skipped: str | None = None
+
+
+def dflash_record(head: DFlashHead, sglang_skipped: str | None) -> DFlashFields:
     config = head.config
-    return {"layers": config.num_hidden_layers, "target_layer_ids": list(config.target_layer_ids),
-            "target_layers": config.num_target_layers, "block_size": config.block_size,
-            "mask_token_id": config.mask_token_id, "llama_cpp_step_costs": ENGINE_COSTS,
-            **({"sglang_skipped": sglang_skipped} if sglang_skipped else {})}
+    return DFlashFields(config.num_hidden_layers, list(config.target_layer_ids), config.num_target_layers,
+                        config.block_size, config.mask_token_id, ENGINE_COSTS, sglang_skipped)
 
 
 def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int,

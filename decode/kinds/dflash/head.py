@@ -56,7 +56,7 @@ def check_target_layers(layers, num_target_layers: int) -> list[int]:
     if not layers or len(set(layers)) != len(layers) or layers != sorted(layers) \
             or not all(0 <= layer <= num_target_layers - 2 for layer in layers):
         raise PairError(f"a DFlash head reads distinct increasing target layer outputs in [0, {num_target_layers - 2}]"
-                        f"; got {layers}: set pair.draft.capture_layers")
+                        f"; got {layers}: set pair.draft.settings.capture_layers")
     return layers
 
 

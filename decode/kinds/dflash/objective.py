@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decode.examples import Batch
 from decode.kinds.base import DraftStep, TrainingObjective
 from decode.kinds.dflash.head import DFlashHead
 from decode.kinds.common.target_features import FeaturedExample, collate_with_target_hidden
@@ -94,10 +95,10 @@ class BlockObjective(TrainingObjective):
         self.kept_index = self.kept_index[:vocab_size]
         self.outside_vocab = columns >= vocab_size  # columns the decoder never samples: out of the softmax
 
-    def collate(self, examples: list[FeaturedExample], pad_token_id: int) -> dict:
+    def collate(self, examples: list[FeaturedExample], pad_token_id: int) -> Batch:
         return collate_with_target_hidden(examples, pad_token_id)
 
-    def _steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+    def _steps(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[DraftStep]:
         with autocast():
             logits = module(self.target_embeddings, self.target_output, batch["input_ids"], batch["target_hidden"],
                             batch["attention_mask"])
@@ -105,10 +106,10 @@ class BlockObjective(TrainingObjective):
         return [DraftStep(logits[:, step, : length - step], shift=step, columns=self.kept_index)
                 for step in range(min(self.draft_steps, length))]
 
-    def training_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+    def training_steps(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[DraftStep]:
         return self._steps(module, batch, autocast)
 
-    def validation_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+    def validation_steps(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[DraftStep]:
         return [DraftStep(step.logits.to(torch.promote_types(step.logits.dtype, torch.float32))  # bf16: float32
                           .masked_fill(self.outside_vocab, float("-inf")), shift=step.shift, columns=step.columns)
                 for step in self._steps(module, batch, autocast)]

@@ -32,10 +32,10 @@ from safetensors.torch import load_file, save_file
 
 from decode.errors import ExportError, ExportMismatch
 from decode.export.engines import ServingTarget, llama_cpp_args, sglang_args, vllm_args
-from decode.export.job import ExportJob, WrittenDraft, save_target_tokenizer
-from decode.export.record import DraftRecord
-from decode.kinds.common.hidden_state_head import head_engine_check, staged_gguf
-from decode.records import EngineCommands
+from decode.export.job import ExportJob, RoundTrip, WrittenDraft, save_target_tokenizer
+from decode.export.export_record import DraftRecord
+from decode.kinds.common.hidden_state_head import HeadFields, HeadFigures, head_engine_check, staged_gguf
+from decode.figures import EngineCommands
 from decode.kinds.eagle3.gguf import (CHECK_TOLERANCE, SPEC_TYPE, eagle3_gguf_reference, first_step_logits,
                                       read_eagle3_gguf, write_eagle3_gguf)
 from decode.kinds.eagle3.head import (CHECKPOINT_FILE, Eagle3Config, Eagle3Head, default_capture_layers,
@@ -193,7 +193,7 @@ def logit_difference(reference: Eagle3Head, head: Eagle3Head, length: int = 12) 
 
 
 def head_round_trip(pair, written: dict[str, ReadBack], prompt_ids: list[list[int]], max_new_tokens: int, policy,
-                    trained_path: str) -> dict:
+                    trained_path: str) -> RoundTrip:
     """Each read-back head against its reference: the same layout and draft vocabulary, logits within the
     format's tolerance, and the same greedy tokens and alpha drafting for the target. ExportMismatch else."""
     greedy, decoded = SamplingParams(temperature=0), {}
@@ -211,7 +211,7 @@ def head_round_trip(pair, written: dict[str, ReadBack], prompt_ids: list[list[in
         return ExportMismatch(f"the exported {name} head reads back with {problem}; nothing was published, the "
                               f"trained head is intact in {trained_path}")
 
-    checks = {"prompts": len(prompt_ids), "alpha_trained": decode_reference(written["speculators"])[1]}
+    checks = RoundTrip({}, len(prompt_ids), decode_reference(written["speculators"])[1])
     for name, read in written.items():
         problem = layout_difference(read.reference, read.head)
         if problem:
@@ -219,14 +219,13 @@ def head_round_trip(pair, written: dict[str, ReadBack], prompt_ids: list[list[in
         difference = logit_difference(read.reference, read.head)
         tokens, alpha = decode_with(read.head)
         reference_tokens, reference_alpha = decode_reference(read)
-        checks.update({f"logit_difference_{name}": difference, f"alpha_{name}": alpha,
-                       f"same_greedy_output_{name}": tokens == reference_tokens})
+        checks.formats[name] = HeadFigures(difference, alpha, tokens == reference_tokens)
         if not difference <= read.tolerance or tokens != reference_tokens or abs(alpha - reference_alpha) > ALPHA_SLACK:
             raise mismatch(name, f"other results than {read.reference_name}: logits up to {difference:.3g} apart "
                                  f"(allowed {read.tolerance}), alpha {alpha:.4f} vs {reference_alpha:.4f}, same greedy "
                                  f"output: {tokens == reference_tokens}")
     if "gguf" in written:
-        checks["alpha_gguf_reference"] = decode_reference(written["gguf"])[1]
+        checks.alpha_gguf_reference = decode_reference(written["gguf"])[1]
     return checks
 
 
@@ -252,7 +251,7 @@ def write_draft(job: ExportJob, staging: Path, kind_name: str) -> WrittenDraft:
     sglang_skipped = sglang_unsupported_reason(head.config)
     sglang_dir = None if sglang_skipped else write_sglang_head(head, staging / "sglang", target_layers)
     gguf_path = staged_gguf(job, head, staging, write_eagle3_gguf)
-    checks, engine = {}, None
+    checks, engine = RoundTrip({}), None
     if settings.verify_prompts:
         written = read_back_heads(head, staging / "draft", sglang_dir, gguf_path, target_layers, settings.gguf_type)
         checks = head_round_trip(ctx.pair, written, job.verify_ids, job.max_new_tokens,
@@ -266,20 +265,30 @@ def write_draft(job: ExportJob, staging: Path, kind_name: str) -> WrittenDraft:
                           *job.llama_cpp_settings(engine))
     files = {"vllm": "draft", **({"sglang": "sglang"} if sglang_dir else {}),
              **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
+    fields = eagle3_record(head, target_layers, sglang_skipped)
     return WrittenDraft(flags, checks, DraftRecord(draft_kind=kind_name, draft_vocab_size=head.config.draft_vocab_size,
-                                                   files=files,
-                                                   kind_fields=eagle3_record(head, target_layers, sglang_skipped)),
+                                                   files=files, kind_fields=fields.to_json()),
                         engine)
 
 
-def eagle3_record(head: Eagle3Head, target_layers: int, sglang_skipped: str | None) -> dict:
+@dataclass
+class Eagle3Fields(HeadFields):
     """What export.json and the model card say of the head beyond its files."""
+
+    capture_layers: list[int]
+    target_layers: int
+    sglang_capture_layer_ids: list[int] | None  # None: SGLang's default layers, which are these
+    norm_before_residual: bool
+    vocab_size: int
+    llama_cpp_step_costs: str
+    sglang_skipped: str | None = None
+
+
+def eagle3_record(head: Eagle3Head, target_layers: int, sglang_skipped: str | None) -> Eagle3Fields:
     config = head.config
-    return {"capture_layers": list(config.capture_layers), "target_layers": target_layers,
-            "sglang_capture_layer_ids": sglang_capture_layer_ids(config.capture_layers, target_layers),
-            "norm_before_residual": config.norm_before_residual, "vocab_size": config.vocab_size,
-            "llama_cpp_step_costs": EAGLE3_ENGINE_COSTS,
-            **({"sglang_skipped": sglang_skipped} if sglang_skipped else {})}
+    return Eagle3Fields(list(config.capture_layers), target_layers,
+                        sglang_capture_layer_ids(config.capture_layers, target_layers), config.norm_before_residual,
+                        config.vocab_size, EAGLE3_ENGINE_COSTS, sglang_skipped)
 
 
 def serving_flags(target: ServingTarget, speculators_dir: Path, sglang_dir: Path | None,

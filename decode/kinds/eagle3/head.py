@@ -48,7 +48,7 @@ def check_capture_layers(layers, num_layers: int) -> list[int]:
     if len(layers) != 3 or len(set(layers)) != 3 or not all(0 <= layer < num_layers for layer in layers) \
             or layers != sorted(layers):
         raise PairError(f"EAGLE-3 reads the target at 3 distinct increasing layers in [0, {num_layers}); got "
-                        f"{layers}. A target of {num_layers} layers needs explicit pair.draft.capture_layers"
+                        f"{layers}. A target of {num_layers} layers needs explicit pair.draft.settings.capture_layers"
                         if num_layers < 8 else
                         f"EAGLE-3 reads the target at 3 distinct increasing layers in [0, {num_layers}); got {layers}")
     return layers

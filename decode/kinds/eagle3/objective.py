@@ -1,5 +1,6 @@
-"""What an EAGLE-3 head learns: the head unrolled over `method.ttt_steps` draft steps as the decoder runs it
-("training-time test"), over the target's states at its capture layers (decode/kinds/common/target_features.py).
+"""What an EAGLE-3 head learns: the head unrolled over `pair.draft.settings.ttt_steps` draft steps as the decoder
+runs it ("training-time test"), over the target's states at its capture layers
+(decode/kinds/common/target_features.py).
 
 Step s (0-based) at query index P reads the embedding of token P + s + 1 (the real token: teacher forced),
 fc(g_P) at s = 0 and else the step s - 1 output h at P, at RoPE position P + s; it attends to the step-0
@@ -16,6 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from decode.examples import Batch
 from decode.kinds.base import DraftStep, TrainingObjective
 from decode.kinds.common.target_features import FeaturedExample, collate_with_target_hidden
 from decode.kinds.eagle3.head import Eagle3Head
@@ -122,24 +124,24 @@ class UnrolledObjective(TrainingObjective):
         kept_index[columns[in_vocab]] = torch.arange(len(columns), device=columns.device)[in_vocab]
         return kept_index, ~in_vocab
 
-    def collate(self, examples: list[FeaturedExample], pad_token_id: int) -> dict:
+    def collate(self, examples: list[FeaturedExample], pad_token_id: int) -> Batch:
         return collate_with_target_hidden(examples, pad_token_id)
 
-    def _step_logits(self, module: nn.Module, batch: dict, autocast: Callable) -> list[torch.Tensor]:
+    def _step_logits(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[torch.Tensor]:
         with torch.no_grad():
             input_embeds = F.embedding(batch["input_ids"], self.target_embeddings)
         with autocast():
             step_logits = module(input_embeds, batch["target_hidden"], batch["attention_mask"])
         return step_logits[: batch["input_ids"].shape[1] - 1]  # a step predicting past T has no target
 
-    def training_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+    def training_steps(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[DraftStep]:
         """Step s at query index Q - s - 1 predicts the token after Q: its target is recorded at index Q."""
         length = batch["input_ids"].shape[1]
         return [DraftStep(logits[:, : length - step - 1], shift=step + 1, weight=self.step_weight ** step,
                           columns=self.draft_index)
                 for step, logits in enumerate(self._step_logits(module, batch, autocast))]
 
-    def validation_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+    def validation_steps(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[DraftStep]:
         length = batch["input_ids"].shape[1]
         return [DraftStep(logits[:, : length - step - 1].float().masked_fill(self.outside_vocab, float("-inf")),
                           shift=step + 1, columns=self.kept_index)

@@ -6,11 +6,12 @@ from __future__ import annotations
 from torch import nn
 from transformers import PreTrainedModel
 
+from decode.kinds.base import KindSettings
 from decode.kinds.common.model_draft import ModelDraftKind, marked_kind
 from decode.kinds.independent.drafter import IndependentDrafter
 
 
-class IndependentKind(ModelDraftKind):
+class IndependentKind(ModelDraftKind[KindSettings]):
     name = "causal_lm"
     title = ""
 

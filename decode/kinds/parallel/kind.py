@@ -5,11 +5,13 @@ derived or built fresh as any draft model, then given its mask token; served in 
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
-from decode.errors import ConfigError, PairError
-from decode.export.record import ExportRecord
+from decode.errors import PairError
+from decode.export.export_record import ExportRecord
 from decode.kinds.base import written_config
 from decode.kinds.common.mask_token import unused_special_token
 from decode.kinds.common.model_draft import ModelDraftKind
@@ -17,26 +19,32 @@ from decode.kinds.common.pruned_head import base_causal_lm
 from decode.kinds.parallel.drafter import ParallelDrafter
 from decode.kinds.parallel.mask_token import KIND, PARALLEL_FIELDS, is_parallel_config, make_parallel, pard_token
 from decode.kinds.parallel.objective import ParallelObjective
+from decode.kinds.parallel.settings import ParallelSettings
 from decode.models import ModelSpec, eos_token_ids
 
+if TYPE_CHECKING:
+    from decode.pair import ModelPair
+    from train.config import MethodConfig
 
-class ParallelKind(ModelDraftKind):
+
+class ParallelKind(ModelDraftKind[ParallelSettings]):
     name = KIND
     title = "parallel draft"
+    settings_type = ParallelSettings
     config_fields = ModelDraftKind.config_fields + PARALLEL_FIELDS
     vllm_options = {"parallel_drafting": True}  # one forward a round, reading the pard_token its config names
 
     def found_at(self, spec: ModelSpec) -> bool:
         return super().found_at(spec) or is_parallel_config(written_config(spec))
 
-    def load_model(self, target, target_tokenizer, spec: ModelSpec):
-        draft, tokenizer = super().load_model(target, target_tokenizer, spec)
+    def load_model(self, target, target_tokenizer, spec: ModelSpec, settings: ParallelSettings):
+        draft, tokenizer = super().load_model(target, target_tokenizer, spec, settings)
         own = pard_token(draft)
-        if own is not None and spec.mask_token is not None and spec.mask_token != own:
-            raise PairError(f"pair.draft.mask_token={spec.mask_token} but the draft at {spec.path} was trained with "
-                            f"mask token {own}; leave mask_token unset")
+        if own is not None and settings.mask_token is not None and settings.mask_token != own:
+            raise PairError(f"pair.draft.settings.mask_token={settings.mask_token} but the draft at {spec.path} was "
+                            f"trained with mask token {own}; leave mask_token unset")
         if own is None:
-            mask = spec.mask_token
+            mask = settings.mask_token
             if mask is None:
                 mask = unused_special_token(tokenizer, eos_token_ids(tokenizer, target))
             make_parallel(draft, mask)
@@ -45,23 +53,17 @@ class ParallelKind(ModelDraftKind):
     def drafter(self, runner) -> ParallelDrafter:
         return ParallelDrafter(runner, pard_token(runner.model))
 
-    def check_method(self, method) -> None:
-        if method.parallel_tokens < 2:
-            raise ConfigError(f"method.parallel_tokens must be >= 2 (the token after the context and at least one "
-                              f"mask), got {method.parallel_tokens}")
-        if not (0 < method.parallel_min_keep <= method.parallel_keep <= 1):
-            raise ConfigError(f"need 0 < method.parallel_min_keep <= method.parallel_keep <= 1, got "
-                              f"{method.parallel_min_keep} and {method.parallel_keep}")
-
-    def starting_draft(self, pair, method, draft_vocabulary: list[int] | None, seed: int) -> nn.Module:
-        draft = super().starting_draft(pair, method, draft_vocabulary, seed)
+    def starting_draft(self, pair: ModelPair, method: MethodConfig, settings: ParallelSettings,
+                       draft_vocabulary: list[int] | None, seed: int) -> nn.Module:
+        draft = super().starting_draft(pair, method, settings, draft_vocabulary, seed)
         causal_lm = base_causal_lm(draft)
-        make_parallel(causal_lm, pard_token(causal_lm), method.parallel_tokens)
+        make_parallel(causal_lm, pard_token(causal_lm), settings.parallel_tokens)
         return draft
 
-    def objective(self, draft: nn.Module, pair, method, device: torch.device) -> ParallelObjective:
+    def objective(self, draft: nn.Module, pair: ModelPair, method: MethodConfig, settings: ParallelSettings,
+                  device: torch.device) -> ParallelObjective:
         return ParallelObjective(draft, pair.vocab_size, device, pard_token(base_causal_lm(draft)),
-                                 method.parallel_tokens, method.parallel_keep, method.parallel_min_keep)
+                                 settings.parallel_tokens, settings.parallel_keep, settings.parallel_min_keep)
 
     def card_lines(self, record: ExportRecord) -> list[str]:
         return super().card_lines(record) + ["- drafts in parallel: the context and mask tokens (config.json "

@@ -34,7 +34,7 @@ def make_parallel(draft, mask_token_id: int, draft_tokens: int | None = None) ->
     rows = draft.get_input_embeddings().weight.shape[0]
     if not 0 <= mask_token_id < rows:
         raise PairError(f"the mask token id {mask_token_id} is not one of the draft's {rows} embeddings; set "
-                        f"pair.draft.mask_token to an id of its vocabulary")
+                        f"pair.draft.settings.mask_token to an id of its vocabulary")
     mark_kind(draft, KIND)
     draft.config.spd_type = SPD_TYPE
     draft.config.pard_token = mask_token_id

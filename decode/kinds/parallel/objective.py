@@ -16,6 +16,7 @@ from typing import Callable
 import torch
 from torch import nn
 
+from decode.examples import Batch
 from decode.kinds.base import DraftStep
 from decode.kinds.common.next_token_objective import NextTokenObjective
 
@@ -28,10 +29,10 @@ class ParallelObjective(NextTokenObjective):
         self.draft_steps = draft_tokens
         self.keep, self.min_keep = keep, min_keep
 
-    def training_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+    def training_steps(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[DraftStep]:
         return self._steps(module, batch, autocast, self._kept_depths(batch))
 
-    def validation_steps(self, module: nn.Module, batch: dict, autocast: Callable) -> list[DraftStep]:
+    def validation_steps(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[DraftStep]:
         batch_size, length = batch["input_ids"].shape
         every = torch.full((length,), self.draft_steps - 1, device=batch["input_ids"].device)
         steps = self._steps(module, batch, autocast, every)
@@ -39,7 +40,7 @@ class ParallelObjective(NextTokenObjective):
             steps = [DraftStep(step.logits[..., : self.vocab_size], shift=step.shift) for step in steps]
         return steps
 
-    def _kept_depths(self, batch: dict) -> torch.Tensor:
+    def _kept_depths(self, batch: Batch) -> torch.Tensor:
         """[T]: the deepest mask trained at each anchor (0: none), drawn as a function of the batch's tokens."""
         input_ids = batch["input_ids"]
         seed = int((input_ids * torch.arange(1, input_ids.numel() + 1, device=input_ids.device
@@ -48,7 +49,7 @@ class ParallelObjective(NextTokenObjective):
         shares = torch.tensor([max(self.keep ** depth, self.min_keep) for depth in range(1, self.draft_steps)])
         return (uniform[:, None] < shares).sum(-1).to(input_ids.device)  # shares fall with depth: nested
 
-    def _steps(self, module: nn.Module, batch: dict, autocast: Callable, depths: torch.Tensor) -> list[DraftStep]:
+    def _steps(self, module: nn.Module, batch: Batch, autocast: Callable, depths: torch.Tensor) -> list[DraftStep]:
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
         batch_size, length = input_ids.shape
         device = input_ids.device

@@ -3,7 +3,8 @@
 A later stage loads the records it needs instead of reading loose figures. The records that describe a draft
 carry its fingerprint (decode.models.content_fingerprint of the draft directory): a record made for another
 draft is stale, and loading it for the current one gives None, so a retrained draft is never exported with
-the figures of the draft before it. summary.json, the user-facing roll-up, is rebuilt from these records.
+the figures of the draft before it. summary.json, the user-facing roll-up, is rebuilt from these records
+(decode/run_summary.py).
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from pathlib import Path
 from typing import List, Optional, TypeVar
 
 from decode.files import write_json
-from decode.records import AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, StepCostFigures, VllmCheck
+from decode.figures import AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, StepCostFigures, VllmCheck
 
 log = logging.getLogger(__name__)
 
@@ -217,15 +218,30 @@ def load_result(run_dir: Path, kind: type[Result], draft_fingerprint: Optional[s
     return result
 
 
-def roll_up(run_dir: Path, identity: dict, stage_seconds: dict) -> dict:
-    """summary.json: what the run is (domain, method, run_dir) and every stage's current record (those made for
-    a draft only where they describe the trained one: a record is replaced, never deleted, when the draft changes)."""
-    summary = dict(identity)
+def current_results(run_dir: Path) -> dict:
+    """stage -> its current record, for summary.json (decode/run_summary.py): those made for a draft only where they
+    describe the trained one (a record is replaced, never deleted, when the draft changes)."""
     trained = load_result(run_dir, TrainResult)
+    current = {}
     for stage, kind in STAGE_RESULTS.items():
         fingerprint = trained.draft_fingerprint if trained and stage in DEPENDS_ON_DRAFT else None
         result = load_result(run_dir, kind, fingerprint)
         if result is not None:
-            summary[stage] = result.to_json()
-    summary["stage_seconds"] = stage_seconds
-    return summary
+            current[stage] = result
+    return current
+
+
+@dataclass(frozen=True)
+class DraftRecords:
+    """The trained draft by its fingerprint, with the records of its eval (None without an eval of this very draft),
+    its training and the answers it learned from (None where absent)."""
+
+    fingerprint: str
+    evaluated: Optional[EvalResult]
+    trained: Optional[TrainResult]
+    generated: Optional[GenerateResult]
+
+
+def draft_records(run_dir: Path, draft_fingerprint: str) -> DraftRecords:
+    return DraftRecords(draft_fingerprint, load_result(run_dir, EvalResult, draft_fingerprint),
+                        load_result(run_dir, TrainResult, draft_fingerprint), load_result(run_dir, GenerateResult))

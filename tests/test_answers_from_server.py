@@ -22,6 +22,7 @@ import pytest
 
 from decode.errors import ConfigError
 from decode.models import ModelSpec
+from decode.run_summary import read_summary
 from decode.sampling import SamplingParams
 from decode.export.gguf import write_gguf
 from decode.serving.llama_server import free_port
@@ -29,7 +30,7 @@ from decode.tiny import tiny_tokenizer
 from distill.config import GenerateConfig
 from distill.data import Prompt
 from distill.generate import cache_key, score_answers
-from distill.served_answers import AnswerServerError, ServedAnswers, answer_source
+from distill.answers_from_server import AnswerServerError, ServedAnswers, answer_source
 
 ROOT = Path(__file__).resolve().parents[1]
 # llama-server's default flash attention keeps K and V in f16: measured up to 4.3e-3 on log-probabilities of
@@ -97,7 +98,7 @@ def test_sampled_answers_record_the_targets_distribution_at_temperature_1(tiny_p
     random bytes) are asked again and come out the same."""
     prompts = prompt_ids(tiny_pair, 6)
     sampling = SamplingParams(temperature=0.7, top_k=5, top_p=0.95)
-    with caplog.at_level(logging.INFO, logger="distill.served_answers"):
+    with caplog.at_level(logging.INFO, logger="distill.answers_from_server"):
         records = llama_server_answers.answer(prompts, sampling, 12, seed=3, top_k_logprobs=8, show_progress=False)
     assert "asked again" in caplog.text
     for record, scored in zip(records, target_scores(tiny_pair, records, 8)):
@@ -192,7 +193,7 @@ def vllm_with_two_logprobs(path, body):
 
 def test_fewer_log_probabilities_than_asked_are_recorded_as_given_with_one_warning(tmp_path, caplog):
     with fake_server(vllm_with_two_logprobs) as (url, requests):
-        with caplog.at_level(logging.WARNING, logger="distill.served_answers"):
+        with caplog.at_level(logging.WARNING, logger="distill.answers_from_server"):
             records = served_answers(url, tmp_path, eos_token_ids=[257]).answer(
                 [[1, 2, 3], [4, 5]], SamplingParams(temperature=0.5), 3, seed=10, top_k_logprobs=4,
                 show_progress=False)
@@ -236,12 +237,12 @@ def test_the_generate_stage_takes_answers_from_llama_server_and_train_uses_them(
     environment = {**os.environ, "WANDB_MODE": "disabled", "SPECDRAFT_CACHE": str(tmp_path / "cache")}
     result = subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
-    summary = json.loads((run_dir / "summary.json").read_text())
-    data = datasets.load_from_disk(summary["generate"]["train_data"])
-    assert summary["generate"]["train_answers"] == 8 == len(data) and summary["generate"]["autocast"] is None
+    summary = read_summary(run_dir)
+    data = datasets.load_from_disk(summary.generate.train_data)
+    assert summary.generate.train_answers == 8 == len(data) and summary.generate.autocast is None
     for record in data:
         answer_tokens = len(record["input_ids"]) - record["prompt_length"]
         assert 0 < answer_tokens <= 12 and len(record["target_top_ids"]) == answer_tokens
         assert {len(ids) for ids in record["target_top_ids"]} == {64}  # generate.top_k_logprobs
-    assert summary["train"]["steps"] == 3
+    assert summary.train.steps == 3
     assert "$ " in (run_dir / "generate_server.log").read_text()  # the server's command line and log, kept

@@ -231,9 +231,9 @@ class EngineCheck:
 
 @dataclass(kw_only=True)
 class VllmCheck:
-    """The export served by vLLM (decode/export/vllm_check.py): skipped (and why), or, on the same prompts, greedy,
-    the target alone and the target with the draft: vLLM's own counters, whether the draft changed a token, and
-    each server's tokens per second (wall time per request, one at a time)."""
+    """The export served by vLLM (decode/export/vllm_engine_check.py): skipped (and why), or, on the same prompts,
+    greedy, the target alone and the target with the draft: vLLM's own counters, whether the draft changed a token,
+    and each server's tokens per second (wall time per request, one at a time)."""
 
     skipped: Optional[str] = None
     method: Optional[str] = None

@@ -13,7 +13,7 @@ from typing import Optional
 
 from decode.errors import ExportMismatch
 from decode.metrics import DecodeMetrics
-from decode.records import VllmCheck
+from decode.figures import VllmCheck
 from decode.sampling import SamplingParams
 from decode.serving.process import ServerError
 from decode.serving.vllm_server import SpecDecodeCounts, VllmServer, VllmSpec, find_python, spec_decode_counts

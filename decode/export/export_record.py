@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Optional
 
 from decode.errors import ConfigError
-from decode.records import ServingStepCosts
-from decode.results import ExportResult
+from decode.figures import ServingStepCosts
+from decode.stage_results import ExportResult
 
 RECORD_FILE = "export.json"
 FORMAT = "specdraft export"  # export.json's "format": what tells a directory as an export of this product's
