@@ -1,5 +1,5 @@
-"""Freed memory kept for the next allocation of the same size, on Linux with glibc; and the peak memory a command
-reports.
+"""Freed memory kept for the next allocation of the same size, on Linux with glibc, or given back to the kernel
+where the heap cannot reuse it; and the peak memory a command reports.
 
 glibc serves every allocation above its mmap threshold (at most 32 MiB by default) with fresh pages from the
 kernel and returns them when freed, so a tensor of that size made anew at every step pays a page fault for each
@@ -42,6 +42,18 @@ def freed_memory_reused():
         if taken:
             _thresholds(libc, GLIBC_MMAP_BOUND)
             libc.malloc_trim(0)
+
+
+def return_freed_memory() -> None:
+    """Gives the kernel back the pages of every free block glibc holds, wherever it lies in the heap. The target's
+    answering and labelling need it after each batch: a batch's activations are a little larger than the last (rows
+    sorted by length), so the blocks one batch freed seldom fit the next, while the small blocks kept between them
+    (labels, oneDNN's kernels for each new shape) stop them merging or shrinking at the heap's top. The default
+    target's main job held 13 GB of such free blocks, resident, after labelling 500 code excerpts; with this call
+    after each batch and each stage the job peaks under 4 GB."""
+    libc = _glibc()
+    if libc is not None:
+        libc.malloc_trim(0)
 
 
 def _glibc():

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from decode.allocator import return_freed_memory
 from decode.cache_entries import CacheEntry
 from decode.examples import top_k_arrays
 from decode.models import cache_root
@@ -215,6 +216,8 @@ def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids:
                     answer["prompt_labels_from"] = label_prompts_from[row]
                     answer["prompt_top_ids"], answer["prompt_top_logprobs"] = top_k_arrays(
                         *result.prompt_top_logprobs[index])
+            del result
+            return_freed_memory()  # the batch's steps freed blocks between the labels they kept
             bar.update(len(rows))
     return answers
 
@@ -282,6 +285,8 @@ def top_k_labels(runner: CausalLMRunner, sequences: list[list[int]], starts: lis
                                     logits_at=logits_at)
         for row, (i, count) in enumerate(zip(rows, counts)):
             labels[i] = top_k_of(logits[row, :count], top_k_logprobs)
+        del logits
+        return_freed_memory()
     runner.free()
     return labels
 
