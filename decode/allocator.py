@@ -59,11 +59,19 @@ def return_freed_memory() -> None:
 MADV_PAGEOUT = 21  # <sys/mman.h>, Linux 5.4+
 
 
+def release_idle_memory() -> None:
+    """Between the main job's stages: the heap's free blocks and the mapped weights' pages go back to the kernel;
+    the next stage faults back what it reads."""
+    return_freed_memory()
+    page_out_mapped_weights()
+
+
 def page_out_mapped_weights(suffix: str = ".safetensors") -> int:
     """Asks the kernel to take back this process's resident pages of the files it maps whose names end in
     `suffix`: weights read zero-copy from safetensors, such as the target's (525 MB for the default one), which
-    stay resident while training never reads them. The pages are clean copies of the file: a later read faults
-    them back from the page cache. -> the bytes advised (0 off Linux, or on a kernel without MADV_PAGEOUT)."""
+    stay resident through stages that never read them (training, the export). The pages are clean copies of the
+    file: a later read faults them back from the page cache. -> the bytes advised (0 off Linux, or on a kernel
+    without MADV_PAGEOUT)."""
     libc = _libc()
     if libc is None:
         return 0

@@ -19,7 +19,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
-from decode.allocator import peak_memory, peak_memory_line, return_freed_memory
+from decode.allocator import peak_memory, peak_memory_line, release_idle_memory
 from decode.context import RunContext
 from decode.errors import ConfigError, ExportError, PromptError
 from decode.files import check_writable_directory, write_json
@@ -277,12 +277,12 @@ class Pipeline:
         for name in STAGES:
             if name in config.stages:
                 log.info("stage %s", name)
+                release_idle_memory()  # what the stages before freed or read and this one may not need
                 began = time.perf_counter()
                 result = STAGE_RUNNERS[name](ctx, config, self.artifacts)
                 if result is not None and ctx.is_main_process:
                     save_result(ctx.run_dir, result)
                 stage_seconds[name] = round(time.perf_counter() - began, 1)
-                return_freed_memory()  # what the stage freed, before the next one's own blocks
                 finished_with[name] = settings_digest(self.plain_config)
         summary = RunSummary(domain=config.domain.name, method=config.method.name, draft_kind=ctx.pair.kind.name,
                              run_dir=str(ctx.run_dir), **current_results(ctx.run_dir), stage_seconds=stage_seconds,

@@ -37,7 +37,7 @@ from torch import nn
 from tqdm.auto import tqdm
 from transformers import get_cosine_schedule_with_warmup
 
-from decode.allocator import freed_memory_reused, page_out_mapped_weights, return_freed_memory
+from decode.allocator import freed_memory_reused, return_freed_memory
 from decode.errors import ConfigError, TrainingDiverged
 from decode.examples import Example
 from decode.kinds.base import TrainingObjective
@@ -164,8 +164,6 @@ class DistillationRecipe:
         if self.step == 0 and self.validation_examples:
             history["validation_acceptance_start"] = self.validation_acceptance()
             self.tracker.log({"validation/expected_acceptance": history["validation_acceptance_start"]}, step=0)
-        # the target's weights mapped from its files stay resident from the stages before, unread by most kinds here
-        page_out_mapped_weights()
         # each step makes and frees tensors of 100+ MB: kept for the next step's (decode/allocator.py)
         with bar, freed_memory_reused():
             while self.step < self.total_steps:

@@ -47,6 +47,8 @@ def write_draft(job: ExportJob, staging: Path, kind) -> WrittenDraft:
     if settings.gguf:
         gguf_path = write_gguf(draft, ctx.pair.tokenizer, staging / "draft.gguf", tokenizer_source_gguf=job.target_gguf,
                                outtype=settings.gguf_type)
+    kept = getattr(draft.config, "draft_vocab", None)
+    del draft  # the round trip loads its own copies
     checks, engine = RoundTrip({}), None
     if settings.verify_prompts:
         checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, job.decode, job.verify_ids,
@@ -58,7 +60,6 @@ def write_draft(job: ExportJob, staging: Path, kind) -> WrittenDraft:
     llama_cpp_gamma, llama_cpp_p_min = job.llama_cpp_settings(engine)
     flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
                           job.gamma, llama_cpp_gamma, llama_cpp_p_min, kind.vllm_options)
-    kept = getattr(draft.config, "draft_vocab", None)
     files = {"vllm": "draft", "sglang": "draft", **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
     return WrittenDraft(flags, checks, DraftRecord(draft_kind=kind.name, draft_vocab_size=len(kept) if kept else None,
                                                    files=files), engine)
@@ -96,22 +97,36 @@ def round_trip(ctx, draft_spec: ModelSpec, exported_dir: Path, gguf_path: Path |
 
     def decode_with(draft):
         result = ctx.pair.decoder(draft).generate(prompt_ids, max_new_tokens, greedy, policy)
-        return result.tokens, result.metrics.alpha, draft
+        return result.tokens, result.metrics.alpha
 
-    reference = {"hf": decode_with(load_model(draft_spec))}
-    loaded = {"hf": load_model(ModelSpec(path=str(exported_dir), dtype=draft_spec.dtype, device=draft_spec.device))}
-    if gguf_path is not None:  # read back as llama.cpp would get it, through transformers' GGUF reader
-        reference["gguf"] = decode_with(rounded_as_written(load_model(draft_spec), gguf_type))
+    exported_hf = {}  # the HF export's config and dtype, which the GGUF's reread takes
+
+    def load_hf():
+        draft = load_model(ModelSpec(path=str(exported_dir), dtype=draft_spec.dtype, device=draft_spec.device))
+        exported_hf.update(config=draft.config, dtype=next(draft.parameters()).dtype)
+        return draft
+
+    def load_gguf():  # read back as llama.cpp would get it, through transformers' GGUF reader
         reread = AutoModelForCausalLM.from_pretrained(str(gguf_path.parent), gguf_file=gguf_path.name)
         for field in config_fields:
-            setattr(reread.config, field, getattr(loaded["hf"].config, field, None))
-        loaded["gguf"] = reread.to(dtype=next(loaded["hf"].parameters()).dtype, device=draft_spec.device)
-    checks = RoundTrip({}, len(prompt_ids), reference["hf"][1])
-    for name, draft in loaded.items():
-        tokens, alpha, _ = decode_with(draft)
-        reference_tokens, reference_alpha, reference_draft = reference[name]
+            setattr(reread.config, field, getattr(exported_hf["config"], field, None))
+        return reread.to(dtype=exported_hf["dtype"], device=draft_spec.device)
+
+    # each format against its reference, one pair of drafts in memory at a time
+    formats = [("hf", lambda: load_model(draft_spec), load_hf)]
+    if gguf_path is not None:
+        formats.append(("gguf", lambda: rounded_as_written(load_model(draft_spec), gguf_type), load_gguf))
+    checks = None
+    for name, load_reference, load_exported in formats:
+        reference_draft = load_reference()
+        reference_tokens, reference_alpha = decode_with(reference_draft)
+        if checks is None:
+            checks = RoundTrip({}, len(prompt_ids), reference_alpha)
+        draft = load_exported()
+        tokens, alpha = decode_with(draft)
         sequences = [prompt + answer for prompt, answer in zip(prompt_ids, reference_tokens)]
         difference = logprob_difference(draft, reference_draft, sequences)
+        del draft, reference_draft
         checks.formats[name] = DecodedFigures(alpha, tokens == reference_tokens, difference)
         if name == "gguf":
             checks.alpha_gguf_reference = reference_alpha  # the trained draft rounded as stored
