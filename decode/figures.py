@@ -157,6 +157,38 @@ class EngineFigures:
         return cls(**_known(cls, data))
 
 
+@dataclass
+class MixedFigures:
+    """llama-server with an n-gram lookup before the draft (`--spec-type ngram-map-k,<the draft's type>`), its rounds
+    replayed over the held-out answers (decode/llama_cpp_mixed.py), beside the draft alone on the same answers.
+    Tokens per target forward count what a request's verifies and plain steps yield (a verify of more tokens
+    costs more); `gain` is the mixed rule's over the draft alone, paired by prompt."""
+
+    spec_type: str
+    size_n: int  # --spec-ngram-map-k-size-n
+    size_m: int  # --spec-ngram-map-k-size-m
+    gamma: int  # --spec-draft-n-max
+    p_min: float  # --spec-draft-p-min
+    prompts: int
+    draft_n: int  # timings.draft_n over the prompts
+    draft_n_accepted: int  # timings.draft_n_accepted
+    lookup_rounds: int
+    rounds: int  # with a draft, the lookup's or the model's
+    alpha: Optional[float] = None  # draft_n_accepted / draft_n
+    alpha_interval: Optional[list[float]] = None
+    tokens_per_forward: Optional[float] = None
+    alone_tokens_per_forward: Optional[float] = None
+    gain: Optional[float] = None
+    gain_interval: Optional[list[float]] = None
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> MixedFigures:
+        return cls(**_known(cls, data))
+
+
 @dataclass(kw_only=True)
 class StepCostFigures:
     """decode/step_costs.py's measurement as ratios to one AR step: c, and v(gamma) for each gamma timed."""

@@ -17,7 +17,8 @@ from pathlib import Path
 from typing import List, Optional, TypeVar
 
 from decode.files import write_json
-from decode.figures import AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, StepCostFigures, VllmCheck
+from decode.figures import (AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, MixedFigures, StepCostFigures,
+                            VllmCheck)
 
 log = logging.getLogger(__name__)
 
@@ -106,6 +107,8 @@ class EvalResult:
     # per engine (vllm, sglang, llama_cpp): its drafting rule's acceptance on the draft alone, the gamma (and
     # llama.cpp's p_min) it predicts best at the decoder's step costs, that prediction (decode/engine_rules.py)
     engines: dict[str, EngineFigures] = field(default_factory=dict)
+    # llama.cpp with its n-gram lookup first (decode/llama_cpp_mixed.py); None for a draft llama.cpp cannot mix
+    llama_cpp_mixed: Optional[MixedFigures] = None
 
     @property
     def token_acceptance(self) -> Optional[float]:
@@ -135,7 +138,8 @@ class EvalResult:
                 "recommended_gamma": self.recommended_gamma,
                 "speed": _optional(self.speed, AcceptanceFigures.to_json), "verdict": self.verdict,
                 "draft_alone": _optional(self.draft_alone, AcceptanceFigures.to_json),
-                "engines": {engine: figures.to_json() for engine, figures in self.engines.items()}}
+                "engines": {engine: figures.to_json() for engine, figures in self.engines.items()},
+                "llama_cpp_mixed": _optional(self.llama_cpp_mixed, MixedFigures.to_json)}
 
     @classmethod
     def from_json(cls, data: dict) -> EvalResult:
@@ -146,7 +150,8 @@ class EvalResult:
                    speed=_optional(data["speed"], AcceptanceFigures.from_json), verdict=data.get("verdict"),
                    draft_alone=_optional(data.get("draft_alone"), AcceptanceFigures.from_json),
                    engines={engine: EngineFigures.from_json(figures)
-                            for engine, figures in data.get("engines", {}).items()})
+                            for engine, figures in data.get("engines", {}).items()},
+                   llama_cpp_mixed=_optional(data.get("llama_cpp_mixed"), MixedFigures.from_json))
 
 
 def _optional(value, convert):

@@ -31,10 +31,12 @@ from eval.bootstrap import BOOTSTRAP_SAMPLES, bootstrap_interval, ratio_of_rates
 
 @dataclass
 class Decodes:
-    """The decodes of one set of prompts: a DecodeMetrics per batch, for AR and for each draft (same batches)."""
+    """The decodes of one set of prompts: a DecodeMetrics per batch, for AR and for each draft (same batches), and
+    each draft's answers in the prompts' order (samples of the target: the decoder is exact)."""
 
     ar: list[DecodeMetrics] = field(default_factory=list)
     by_draft: dict[str, list[DecodeMetrics]] = field(default_factory=dict)
+    answers: dict[str, list[list[int]]] = field(default_factory=dict)
 
 
 def decode_batches(decoders: dict[str, SpeculativeDecoder], prompt_ids: list[list[int]], sampling: SamplingParams,
@@ -42,12 +44,13 @@ def decode_batches(decoders: dict[str, SpeculativeDecoder], prompt_ids: list[lis
                    description: str = "eval") -> Decodes:
     """Each batch through every draft's decoder, then (compare_ar) AR; the same seed per batch for all of them,
     so that the drafts and AR see the same prompts under the same load."""
-    decodes = Decodes(by_draft={label: [] for label in decoders})
+    decodes = Decodes(by_draft={label: [] for label in decoders}, answers={label: [] for label in decoders})
     batches = [prompt_ids[at: at + batch_size] for at in range(0, len(prompt_ids), batch_size)]
     for index, batch in enumerate(tqdm(batches, desc=description, unit="batch")):
         for label, decoder in decoders.items():
             generation = decoder.generate(batch, max_new_tokens, sampling, policy, seed=seed + index)
             decodes.by_draft[label].append(generation.metrics)
+            decodes.answers[label] += generation.tokens
         if compare_ar:  # AR runs the target alone: any draft's decoder will do
             ar = next(iter(decoders.values())).generate(batch, max_new_tokens, sampling, seed=seed + index)
             decodes.ar.append(ar.metrics)

@@ -23,11 +23,13 @@ from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.engine_rules import engine_figures
 from decode.files import write_json
-from decode.figures import AcceptanceFigures
+from decode.figures import AcceptanceFigures, MixedFigures
+from decode.serving.llama_server import DRAFT_SPEC_TYPE
 from decode.stage_results import EvalResult
 from decode.step_costs import measure_step_costs, text_of
 from eval.acceptance import baseline_is_off, decode_batches, figures
 from eval.config import EvalConfig
+from eval.llama_cpp_mixed import mixed_figures
 
 
 def eval_key(prompt_ids: list[list[int]], decode: DecodeConfig, settings: EvalConfig, seed: int) -> dict:
@@ -42,9 +44,12 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     speed_prompt_ids = prompt_ids[: settings.speed_prompts]
     sampling, policy = decode.sampling(), decode.gamma_policy()
 
+    answers = {}
+
     def measure(decoder, label, prompts, batch_size, compare_ar, gamma_policy, step_costs=None):
         decodes = decode_batches({label: decoder}, prompts, sampling, gamma_policy, settings.max_new_tokens,
                                  batch_size, ctx.seed, compare_ar, description=f"eval {label}")
+        answers[label] = decodes.answers[label]
         # the recommended gamma is searched up to what a round of this draft drafts as trained
         most = decoder.new_drafter(decoder.draft).most_tokens or decode.max_gamma
         return figures(decodes.by_draft[label], decodes.ar, gamma_policy.gamma, step_costs, decode.min_gamma,
@@ -76,6 +81,8 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
                         recommended_gamma=after.recommended_gamma, speed=None, draft_alone=alone,
                         engines=engine_figures(alone or after, step_costs.c, step_costs.v,
                                                parallel=step_costs.parallel))
+    result.llama_cpp_mixed = llama_cpp_mixed(ctx, decoder, result, prompt_ids, answers["trained draft"],
+                                             settings.max_new_tokens)
     ctx.tracker.log({"eval/alpha_before": before.alpha, "eval/alpha_after": after.alpha,
                      "eval/token_acceptance_after": after.token_acceptance,
                      **({"eval/token_acceptance_draft_alone": alone.token_acceptance} if alone else {})}, step=0)
@@ -90,6 +97,17 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     ctx.tracker.log({"eval/recommended_gamma": result.recommended_gamma, "eval/speed_alpha": result.speed.alpha,
                      "eval/speedup": result.speed.speedup or float("nan")}, step=0)
     return result
+
+
+def llama_cpp_mixed(ctx: RunContext, decoder, result: EvalResult, prompt_ids: list[list[int]],
+                    answers: list[list[int]], max_new_tokens: int) -> MixedFigures | None:
+    """llama.cpp's lookup-then-draft rule on the held-out answers, at the gamma and p-min llama.cpp is told; None
+    for a draft llama-server does not run as an ordinary draft model (a head reading the target's states)."""
+    engine = result.engines.get("llama_cpp")
+    if ctx.pair.kind.llama_cpp_spec_type != DRAFT_SPEC_TYPE or engine is None or engine.gamma is None:
+        return None
+    return mixed_figures(decoder.new_drafter(decoder.draft), DRAFT_SPEC_TYPE, prompt_ids, answers, max_new_tokens,
+                         engine.gamma, engine.p_min or 0.0, ctx.pair.eos_token_ids, ctx.seed)
 
 
 def verdict(speed: AcceptanceFigures) -> str | None:

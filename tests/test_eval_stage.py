@@ -226,3 +226,19 @@ def test_with_context_copies_the_draft_is_measured_alone_too_and_that_is_what_en
     assert plain.draft_alone is None and plain.engine_token_acceptance == plain.after.token_acceptance
     assert "the draft alone" not in format_summary(RunSummary(domain="code", method="distill", eval=plain),
                                                    ctx.run_dir)
+
+
+def test_the_eval_replays_llama_cpps_lookup_then_draft_rule_on_its_held_out_answers(ctx, pair):
+    prompts = pair.encode_chat([f"prompt number {i}" for i in range(4)])
+    settings = EvalConfig(max_prompts=4, max_new_tokens=24, batch_size=2, speed_prompts=0)
+    result = run_eval(ctx, settings, DecodeConfig(temperature=0.7, gamma=2), prompts, "draft")
+    mixed, llama_cpp = result.llama_cpp_mixed, result.engines["llama_cpp"]
+    assert mixed.spec_type == "ngram-map-k,draft-simple" and mixed.prompts == 4
+    assert (mixed.gamma, mixed.p_min) == (llama_cpp.gamma, llama_cpp.p_min or 0.0)
+    assert 0 < mixed.draft_n_accepted <= mixed.draft_n and mixed.rounds > 0
+    assert mixed.tokens_per_forward >= 1 and mixed.alone_tokens_per_forward >= 1
+    low, high = mixed.gain_interval
+    assert low <= mixed.gain <= high
+    summary = format_summary(RunSummary(domain="d", method="m", run_dir=str(ctx.run_dir), eval=result), ctx.run_dir)
+    assert "--spec-type ngram-map-k,draft-simple" in summary
+    assert eval.stage.EvalResult.from_json(result.to_json()).llama_cpp_mixed == mixed

@@ -31,7 +31,7 @@ from decode.models import model_fingerprint
 from decode.kinds.registry import KINDS, kind_named, kind_settings
 from decode.pair import load_pair
 from decode.precision import SETTINGS as AUTOCAST_SETTINGS
-from decode.export.card import engine_line
+from decode.export.card import engine_line, mixed_line
 from decode.figures import format_figure, format_interval
 from decode.export.stage import export_destination, run_export
 from distill.code_text import RATE_SOURCE as CODE_TEXT_RATE
@@ -387,6 +387,8 @@ def _eval_lines(evaluated: EvalResult) -> list[str]:
     if evaluated.engines:
         lines.append("per engine, by its drafting rule (docs/serving.md):")
         lines += [f"  {engine_line(figures)}" for figures in evaluated.engines.values()]
+    if evaluated.llama_cpp_mixed:
+        lines.append(f"  {mixed_line(evaluated.llama_cpp_mixed)}")
     if evaluated.verdict:
         lines.append(f"NOT RECOMMENDED: {evaluated.verdict}")
     return lines

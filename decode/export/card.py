@@ -12,7 +12,8 @@ import yaml
 from decode.engine_rules import ENGINE_NAMES
 from decode.export.export_record import ExportRecord
 from decode.redact import redact_argument, scrub_secrets
-from decode.figures import AcceptanceFigures, EngineCheck, EngineFigures, VllmCheck, format_figure, format_interval
+from decode.figures import (AcceptanceFigures, EngineCheck, EngineFigures, MixedFigures, VllmCheck, format_figure,
+                            format_interval)
 from decode.stage_results import DraftRecords, EvalResult
 
 
@@ -112,6 +113,16 @@ def engine_line(figures: EngineFigures) -> str:
     verdict = "" if figures.worth_serving else ": not worth serving as predicted"
     return (f"{line}; gamma {figures.gamma}{cutoff} predicts {figures.predicted_speedup:.2f}x the target alone "
             f"({figures.step_costs} step costs){verdict}")
+
+
+def mixed_line(figures: MixedFigures) -> str:
+    """llama.cpp's lookup-then-draft rule as the card and the summary print it."""
+    return (f"llama.cpp with its n-gram lookup first (--spec-type {figures.spec_type}, n {figures.size_n}, "
+            f"m {figures.size_m}; the held-out answers replayed): accepted/drafted {format_figure(figures.alpha)}"
+            f"{format_interval(figures.alpha_interval)}, the lookup drafted {figures.lookup_rounds} of "
+            f"{figures.rounds} rounds; {format_figure(figures.tokens_per_forward, '.2f')} tokens per target forward "
+            f"against {format_figure(figures.alone_tokens_per_forward, '.2f')} with the draft model by itself "
+            f"({format_figure(figures.gain, '.3f')}x{format_interval(figures.gain_interval)})")
 
 
 def _acceptance(figures: AcceptanceFigures) -> str:

@@ -1,0 +1,112 @@
+"""llama.cpp's n-gram lookup drafts, as llama-server runs them (b11434, common/ngram-map.cpp).
+
+`--spec-type ngram-simple` and `--spec-type ngram-map-k` draft from the slot's own history: the tokens that followed
+an earlier occurrence of its last n tokens (the last one the token just sampled, not yet in the history). In a list
+with a draft model (`--spec-type ngram-map-k,draft-simple`) a lookup that returns tokens wins the round and the draft
+model drafts only where every lookup returned none (decode/llama_cpp_mixed.py). Each lookup's draft is verified by
+sample-and-match: a drafted token is accepted when the target's own sample equals it.
+
+The ports keep llama.cpp's bounds, search order and hash table exactly, since which occurrence is copied and how
+long the draft is decide what a user's server accepts.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+LCG_FACTOR = 2654435761
+HASH_SLOTS = 1 << 18  # COMMON_NGRAM_HASH_MAP_SIZE
+
+
+def ngram_simple_draft(history: Sequence[int], sampled: int, size_n: int = 12, size_m: int = 48) -> list[int]:
+    """`ngram-simple` (--spec-ngram-simple-size-n / -size-m): the tokens after the latest earlier occurrence of the
+    last size_n tokens (history's last size_n - 1 and `sampled`), at most size_m of them and at least size_n;
+    none while the history holds size_n + size_m + 1 tokens or fewer. Position 0 never matches."""
+    length = len(history)
+    if length <= size_n + size_m + 1:
+        return []
+    pattern = list(history[length - size_n + 1:]) + [sampled]
+    for start in range(length - size_n - 1, 0, -1):
+        if list(history[start:start + size_n]) == pattern:
+            copy = min(size_m, length - (start + size_n))
+            return list(history[start + size_n:start + size_n + copy]) if copy >= size_n else []
+    return []
+
+
+def ngram_hash(tokens: Sequence[int], start: int, size: int) -> int:
+    value = 0
+    for token in tokens[start:start + size]:
+        value = (value * LCG_FACTOR + token) & 0xFFFFFFFF
+    return value
+
+
+@dataclass
+class _Key:
+    key_idx: int  # where the key n-gram was first found
+    n_accepted: int  # the draft's length cap: what the last draft from this key had accepted (size_m at first)
+
+
+@dataclass
+class NgramMapK:
+    """`ngram-map-k` (--spec-ngram-map-k-size-n / -size-m), one slot's state: a hash table from key n-grams to the
+    first position stored for them, and per key the accepted length of its last draft, which caps the next one.
+    Call begin() with the prompt when a request starts, draft() each round, accepted() after a draft of its own."""
+
+    size_n: int = 12
+    size_m: int = 48
+    keys: list[_Key] = field(default_factory=list)
+    key_map: dict[int, int] = field(default_factory=dict)  # hash slot -> position (llama.cpp: 2^18 slots, 0: empty)
+    key_map_last_idx: int = 0
+    size_last_begin: int = 0
+    idx_last_check: int = 0
+    last_key: _Key | None = None
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        """A request starts with this prompt; entries past a shorter history than the last are dropped."""
+        size_begin = len(prompt)
+        cleanup_from = self.size_last_begin
+        if cleanup_from > size_begin:
+            cleanup_from = max(size_begin - self.size_n - self.size_m, 0)
+        if size_begin < self.idx_last_check:
+            self.key_map = {slot: idx for slot, idx in self.key_map.items() if idx < cleanup_from}
+            self.key_map_last_idx = max(cleanup_from - 1, 0)
+            self.keys = [key for key in self.keys if key.key_idx < cleanup_from]
+        self.idx_last_check = size_begin
+        self.size_last_begin = size_begin
+
+    def draft(self, history: Sequence[int], sampled: int) -> list[int]:
+        self.last_key = None
+        length, n, m = len(history), self.size_n, self.size_m
+        if length < 2 * n + m:
+            return []
+        self.idx_last_check = length
+        key_tokens = list(history[length - n + 1:]) + [sampled]
+        match = 0
+        stored = self.key_map.get(ngram_hash(key_tokens, 0, n) % HASH_SLOTS, 0)
+        if stored != 0 and stored < length - n - m - 1 and list(history[stored:stored + n]) == key_tokens:
+            match = stored
+        # positions not yet hashed, in llama.cpp's order: the prompt's, then those generated since
+        prompt_span = range(self.size_last_begin - n - m - 1, self.key_map_last_idx, -1) \
+            if self.size_last_begin > n + m + 1 else range(0)
+        answer_span = range(length - n - m - 1, max(self.size_last_begin, self.key_map_last_idx), -1)
+        for span in (prompt_span, answer_span):
+            if match == 0:
+                match = next((j for j in span if list(history[j:j + n]) == key_tokens), 0)
+        for span in (prompt_span, answer_span):
+            for j in span:  # the first position stored for a hash slot is kept
+                self.key_map.setdefault(ngram_hash(history, j, n) % HASH_SLOTS, j)
+        self.key_map_last_idx = max(length - n - m - 1, self.key_map_last_idx)
+        if match == 0:
+            return []
+        key = next((k for k in self.keys if list(history[k.key_idx:k.key_idx + n]) == key_tokens), None)
+        if key is None:
+            key = _Key(key_idx=match, n_accepted=m)
+            self.keys.append(key)
+        self.last_key = key
+        return list(history[match + n:match + n + min(m, key.n_accepted)])
+
+    def accepted(self, count: int) -> None:
+        """The last draft (this lookup's own) had `count` tokens accepted: the cap of the next draft from its key."""
+        if self.last_key is not None:
+            self.last_key.n_accepted = count

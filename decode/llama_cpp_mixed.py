@@ -1,0 +1,135 @@
+"""What llama-server's mixed drafting (`--spec-type ngram-map-k,draft-simple`) counts on an answer, replayed.
+
+Each round llama-server asks its lookup first (decode/llama_cpp_lookup.py) and drafts with the model only where the
+lookup returned nothing; every drafted token, the lookup's and the model's greedy ones alike, is verified by
+sample-and-match: the target samples the position as it would alone, and the draft token is accepted when it equals
+that sample (rejection sampling only with --spec-draft-sampling probabilistic, which the export does not set). So
+the tokens a request returns are the target's own samples, whatever was drafted, and the rounds are a function of
+those tokens: replaying the rule over an answer the target sampled gives, in distribution, exactly the rounds and
+the counters (`timings.draft_n`, `timings.draft_n_accepted`) the server would report for it.
+
+A model round drafts greedily along its own tokens; while they equal the answer its context is the answer's, so its
+draft at each position is the draft's argmax teacher-forced on the answer, and the first draft token that differs
+ends the round's accepted run (what the draft proposes after it is never accepted). Drafting stops before a
+position whose llama.cpp confidence is under --spec-draft-p-min.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+from decode.llama_cpp_lookup import NgramMapK
+
+
+@dataclass
+class MixedCounts:
+    """One request's rounds under the mixed rule; the server's counters are draft_n = lookup_drafted +
+    model_drafted and draft_n_accepted = lookup_accepted + model_accepted."""
+
+    tokens: int = 0  # the answer's
+    target_forwards: int = 0  # after the prefill: verifies and plain one-token steps
+    lookup_rounds: int = 0
+    lookup_drafted: int = 0
+    lookup_accepted: int = 0
+    model_rounds: int = 0
+    model_drafted: int = 0
+    model_accepted: int = 0
+
+    @property
+    def decoded(self) -> int:
+        """The answer's tokens after the prefill's: what the target forwards yielded."""
+        return max(self.tokens - 1, 0)
+
+    @property
+    def draft_n(self) -> int:
+        return self.lookup_drafted + self.model_drafted
+
+    @property
+    def draft_n_accepted(self) -> int:
+        return self.lookup_accepted + self.model_accepted
+
+    def __add__(self, other: "MixedCounts") -> "MixedCounts":
+        return MixedCounts(**{name: getattr(self, name) + getattr(other, name) for name in self.__dataclass_fields__})
+
+
+# off_path(context, most) -> how many tokens the draft drafts after `context` (its own tokens, off the answer), at
+# most `most`, before one's confidence falls under --spec-draft-p-min
+OffPath = Callable[[list[int], int], int]
+
+
+def replay(prompt: Sequence[int], answer: Sequence[int], draft_argmax: Sequence[int],
+           draft_confidence: Sequence[float], max_new_tokens: int, draft_n_max: int, p_min: float = 0.0,
+           off_path: OffPath | None = None, lookup: Callable[[], NgramMapK] | None = NgramMapK,
+           eos_token_ids: Sequence[int] = ()) -> MixedCounts:
+    """The rounds llama-server runs for `answer`, sampled by the target after `prompt` with at most max_new_tokens.
+
+    draft_argmax[i], draft_confidence[i]: the draft's greedy token for answer[i] and its llama.cpp confidence
+    (decode/acceptance_rules.py llama_cpp_confidence), the draft reading prompt + answer[:i]. draft_n_max and
+    p_min: --spec-draft-n-max and --spec-draft-p-min; with p_min > 0, off_path says how far the draft goes on
+    after a token the answer does not have. lookup: a fresh lookup per request (None: the draft model alone,
+    `--spec-type draft-simple`)."""
+    if len(draft_argmax) < len(answer) or len(draft_confidence) < len(answer):
+        raise ValueError("draft_argmax and draft_confidence need one entry per answer token")
+    if p_min > 0 and off_path is None:
+        raise ValueError("with p_min > 0 the draft's length after a mismatch needs off_path")
+    table = lookup() if lookup is not None else None
+    if table is not None:
+        table.begin(prompt)
+    history = list(prompt)
+    counts = MixedCounts(tokens=len(answer))
+    emitted = 1  # the prefill samples answer[0]
+    while emitted < len(answer) and answer[emitted - 1] not in eos_token_ids:
+        cap = max_new_tokens - emitted - 1  # the server drafts at most n_remaining - 1 tokens
+        drafted = table.draft(history, answer[emitted - 1])[:max(cap, 0)] if table is not None and cap > 0 else []
+        by_lookup = bool(drafted)
+        if not drafted and cap > 0:
+            drafted = _model_draft(history, answer, draft_argmax, draft_confidence, emitted,
+                                   min(draft_n_max, cap), p_min, off_path)
+        accepted = _matched(drafted, answer, emitted, eos_token_ids)
+        counts.target_forwards += 1
+        if by_lookup:
+            counts.lookup_rounds += 1
+            counts.lookup_drafted += len(drafted)
+            counts.lookup_accepted += accepted
+            table.accepted(accepted)
+        elif drafted:
+            counts.model_rounds += 1
+            counts.model_drafted += len(drafted)
+            counts.model_accepted += accepted
+        new = min(accepted + 1, len(answer) - emitted)
+        history.extend(answer[emitted - 1:emitted - 1 + new])
+        emitted += new
+    return counts
+
+
+def _model_draft(history: list[int], answer, draft_argmax, draft_confidence, start: int, most: int, p_min: float,
+                 off_path: OffPath | None) -> list[int | None]:
+    """The model's greedy draft from answer[start] on: its teacher-forced argmax while the tokens before it are the
+    answer's; after a token the answer does not have (or past its end), tokens that can never be accepted (None)."""
+    drafted: list[int | None] = []
+    for position in range(start, start + most):
+        if position >= len(answer) or (drafted and drafted[-1] != answer[position - 1]):
+            break
+        if draft_confidence[position] < p_min:
+            return drafted
+        drafted.append(draft_argmax[position])
+    rest = most - len(drafted)
+    if rest and p_min > 0:
+        context = history + [answer[start - 1]] + drafted
+        rest = off_path(context, rest)
+    return drafted + [None] * rest
+
+
+def _matched(drafted: Sequence[int | None], answer: Sequence[int], start: int, eos_token_ids: Sequence[int]) -> int:
+    """Sample-and-match: the draft tokens accepted, each equal to the target's sample; an end-of-generation token
+    that matches ends the run."""
+    accepted = 0
+    for offset, token in enumerate(drafted):
+        position = start + offset
+        if position >= len(answer) or token != answer[position]:
+            break
+        accepted += 1
+        if token in eos_token_ids:
+            break
+    return accepted

@@ -1,0 +1,227 @@
+"""llama.cpp's lookups as ported, and the mixed rule replayed over the target's answers: the same rounds and
+counters, in distribution, as llama-server's own loop of drafting and sample-and-match."""
+
+import random
+
+import numpy as np
+import pytest
+from scipy.stats import chi2_contingency
+
+from decode.llama_cpp_lookup import NgramMapK, ngram_simple_draft
+from decode.llama_cpp_mixed import MixedCounts, replay
+
+
+def test_ngram_simple_copies_after_the_latest_earlier_occurrence_of_the_last_n_tokens():
+    #          0  1  2  3  4  5  6  7  8  9 10 11 12 13
+    history = [9, 1, 2, 3, 4, 5, 1, 2, 7, 8, 6, 6, 6, 1]
+    # the last two tokens are 1 (history) and 2 (sampled): 1 2 occurs at 1 and at 6, the latest wins
+    assert ngram_simple_draft(history, 2, size_n=2, size_m=4) == [7, 8, 6, 6]
+    assert ngram_simple_draft(history, 5, size_n=2, size_m=4) == []  # 1 5 never occurred
+    assert ngram_simple_draft(history[:7], 2, size_n=2, size_m=4) == []  # history not longer than n + m + 1
+
+
+def test_ngram_simple_needs_n_tokens_after_the_match_and_never_matches_position_zero():
+    assert ngram_simple_draft([1, 2, 3, 4, 5, 6, 7, 8, 9, 1], 2, size_n=2, size_m=4) == []  # only position 0
+    # in a run of one token the latest occurrence overlaps the suffix: 1 token follows it, fewer than n = 4
+    assert ngram_simple_draft([0] + [7] * 10, 7, size_n=4, size_m=4) == []
+    history = [0, 0, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 1, 2, 3]
+    assert ngram_simple_draft(history, 4, size_n=4, size_m=4) == [5, 1, 2, 3]
+
+
+def test_ngram_map_k_copies_the_first_occurrence_it_stored_and_caps_a_key_at_its_last_accepted_count():
+    lookup = NgramMapK(size_n=2, size_m=3)
+    prompt = [5, 1, 2, 3, 4, 6, 1, 2, 7, 8, 9, 0, 0]
+    lookup.begin(prompt)
+    # 1 2 occurs at 1 and at 6; the first search runs from the latest position down and stores every position
+    # from there down, so the latest stays stored
+    assert lookup.draft(prompt, 1) == []  # 0 1 never occurred
+    history = prompt + [1]
+    assert lookup.draft(history, 2) == [7, 8, 9]
+    lookup.accepted(1)
+    assert lookup.draft(history, 2) == [7]  # the same key, capped at what its last draft had accepted
+    lookup.accepted(0)
+    assert lookup.draft(history, 2) == []  # a key that got nothing drafts nothing from then on
+
+
+def test_ngram_map_k_needs_m_plus_one_tokens_after_the_match():
+    lookup = NgramMapK(size_n=2, size_m=3)
+    history = [0, 0, 0, 0, 0, 0, 1, 2, 9, 0, 1]  # 1 2 at 6 is followed by 3 tokens, the suffix's included
+    lookup.begin(history)
+    assert lookup.draft(history, 2) == []
+    history = [0, 0, 0, 0, 0, 1, 2, 9, 9, 0, 1]  # at 5 by 4: enough
+    lookup = NgramMapK(size_n=2, size_m=3)
+    lookup.begin(history)
+    assert lookup.draft(history, 2) == [9, 9, 0]
+
+
+def test_a_history_shorter_than_the_last_drops_what_was_stored_past_it():
+    lookup = NgramMapK(size_n=2, size_m=2)
+    long_history = [3, 1, 2, 4, 5, 6, 7, 8, 9, 1, 2, 4, 5, 6, 0]
+    lookup.begin(long_history)
+    assert lookup.draft(long_history, 3) == []
+    assert lookup.key_map  # positions hashed
+    lookup.begin([3, 1, 2])
+    assert not lookup.key_map and not lookup.keys
+
+
+def _fixed_draft(answer):
+    return list(answer), [1.0] * len(answer)
+
+
+def test_a_lookup_that_never_matches_leaves_the_draft_models_counters_as_they_are():
+    rng = random.Random(0)
+    prompt = list(range(100, 140))
+    answer = list(range(200, 260))  # no n-gram repeats: the lookup never drafts
+    argmax = [token if rng.random() < 0.6 else -5 for token in answer]
+    alone = replay(prompt, answer, argmax, [1.0] * len(answer), 64, 3, lookup=None)
+    mixed = replay(prompt, answer, argmax, [1.0] * len(answer), 64, 3, lookup=lambda: NgramMapK(size_n=2, size_m=8))
+    assert mixed == alone and mixed.lookup_rounds == 0 and alone.model_rounds > 0
+
+
+def test_a_repeated_answer_is_drafted_by_the_lookup_and_the_model_fills_the_rest():
+    prompt = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]
+    answer = [1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 40]
+    argmax = [-1] * len(answer)  # the model never guesses right
+    counts = replay(prompt, answer, argmax, [1.0] * len(answer), 32, 2,
+                    lookup=lambda: NgramMapK(size_n=2, size_m=4))
+    assert counts.lookup_rounds >= 1 and counts.lookup_accepted >= 4
+    assert counts.model_accepted == 0
+    assert counts.draft_n == counts.lookup_drafted + counts.model_drafted
+    # every round emits its accepted tokens and one of the target's own
+    assert counts.target_forwards + counts.draft_n_accepted == len(answer) - 1
+
+
+def test_p_min_stops_the_models_draft_and_off_path_decides_its_length_after_a_mismatch():
+    prompt, answer = [7, 7, 7], [1, 2, 3, 4, 5, 6, 8, 9]
+    argmax = [1, 2, 0, 4, 5, 6, 8, 9]
+    with pytest.raises(ValueError, match="off_path"):
+        replay(prompt, answer, argmax, [0.9] * 8, 16, 3, p_min=0.5, lookup=None)
+    lengths = []
+
+    def off_path(context, most):
+        lengths.append(most)
+        return 0
+
+    counts = replay(prompt, answer, argmax, [0.9, 0.9, 0.9, 0.2, 0.9, 0.9, 0.9, 0.9], 16, 3, p_min=0.5,
+                    off_path=off_path, lookup=None)
+    # round 1 from answer[1]: 2 accepted, 0 drafted at answer[3] (mismatch at 2: off path asked for 1 more)
+    assert lengths and counts.model_drafted < 3 * counts.model_rounds
+
+
+# ---- the replay against llama-server's loop, run directly on a toy target -------------------------------------
+
+VOCAB = 5
+TRANSITIONS = np.random.default_rng(3).dirichlet(np.full(VOCAB, 0.3), size=VOCAB)  # peaked: repeats are common
+DRAFT_TRANSITIONS = 0.6 * TRANSITIONS + 0.4 * np.random.default_rng(4).dirichlet(np.ones(VOCAB), size=VOCAB)
+P_MIN = 0.45
+
+
+def _draft_step(context):
+    row = DRAFT_TRANSITIONS[context[-1]]
+    return int(row.argmax()), float(row.max())
+
+
+def _server_loop(prompt, max_new, draft_n_max, rng, lookup_type):
+    """llama-server's loop for one request: the lookup first, else the model's greedy draft; sample-and-match."""
+    sample = lambda context: int(rng.choice(VOCAB, p=TRANSITIONS[context[-1]]))
+    lookup = lookup_type() if lookup_type else None
+    if lookup:
+        lookup.begin(prompt)
+    answer = [sample(prompt)]
+    counts = MixedCounts()
+    while len(answer) < max_new:
+        context = prompt + answer
+        cap = max_new - len(answer) - 1
+        drafted = lookup.draft(context[:-1], context[-1])[:cap] if lookup and cap > 0 else []
+        by_lookup = bool(drafted)
+        while not by_lookup and len(drafted) < min(draft_n_max, cap):
+            token, confidence = _draft_step(context + drafted)
+            if confidence < P_MIN:
+                break
+            drafted.append(token)
+        accepted = 0
+        for token in drafted:
+            target_token = sample(prompt + answer)
+            answer.append(target_token)
+            if target_token != token:
+                break
+            accepted += 1
+        else:
+            answer.append(sample(prompt + answer))
+        counts.target_forwards += 1
+        if by_lookup:
+            counts.lookup_rounds, counts.lookup_drafted = counts.lookup_rounds + 1, counts.lookup_drafted + len(drafted)
+            counts.lookup_accepted += accepted
+            lookup.accepted(accepted)
+        elif drafted:
+            counts.model_rounds, counts.model_drafted = counts.model_rounds + 1, counts.model_drafted + len(drafted)
+            counts.model_accepted += accepted
+    return answer[:max_new], counts
+
+
+def _replayed(prompt, max_new, draft_n_max, rng, lookup_type):
+    answer = [int(rng.choice(VOCAB, p=TRANSITIONS[prompt[-1]]))]
+    while len(answer) < max_new:
+        answer.append(int(rng.choice(VOCAB, p=TRANSITIONS[answer[-1]])))
+    steps = [_draft_step(prompt + answer[:i]) for i in range(len(answer))]
+
+    def off_path(context, most):
+        drafted = 0
+        while drafted < most and _draft_step(context)[1] >= P_MIN:
+            context = context + [_draft_step(context)[0]]
+            drafted += 1
+        return drafted
+
+    return replay(prompt, answer, [s[0] for s in steps], [s[1] for s in steps], max_new, draft_n_max,
+                  p_min=P_MIN, off_path=off_path, lookup=lookup_type)
+
+
+@pytest.mark.parametrize("lookup_type", [None, lambda: NgramMapK(size_n=2, size_m=6)])
+def test_the_replay_counts_what_the_servers_loop_counts_in_distribution(lookup_type):
+    rng = np.random.default_rng(11)
+    prompts = [[int(t) for t in rng.integers(0, VOCAB, size=int(rng.integers(12, 30)))] for _ in range(600)]
+    direct = [_server_loop(prompt, 40, 3, rng, lookup_type)[1] for prompt in prompts]
+    replayed = [_replayed(prompt, 40, 3, rng, lookup_type) for prompt in prompts]
+    for field in ("draft_n_accepted", "draft_n", "target_forwards", "lookup_rounds"):
+        values = [getattr(c, field) for c in direct] + [getattr(c, field) for c in replayed]
+        if len(set(values)) == 1:
+            continue
+        edges = np.unique(np.quantile(values, np.linspace(0, 1, 7)[1:-1]))
+        table = np.array([np.bincount(np.searchsorted(edges, [getattr(c, field) for c in side], side="right"),
+                                      minlength=len(edges) + 1) for side in (direct, replayed)])
+        table = table[:, table.sum(0) > 0]
+        assert chi2_contingency(table).pvalue > 1e-3, (field, table)
+    if lookup_type is not None:
+        assert sum(c.lookup_rounds for c in replayed) > 100  # the lookup drafted in this test
+
+
+# ---- on a real draft: teacher-forced greedy tokens, and a lookup that pays where the answer copies --------------
+
+def test_the_drafts_tokens_along_an_answer_are_its_own_argmax_reading_the_tokens_before_each(tiny_pair):
+    import torch
+
+    from eval.llama_cpp_mixed import draft_along
+
+    drafter = tiny_pair.kind.drafter(tiny_pair.draft_runner())
+    tokens = tiny_pair.encode_chat(["a prompt"])[0] + [5, 9, 13, 2, 7]
+    first = len(tokens) - 5
+    argmax, confidence = draft_along(drafter, tokens, first)
+    with torch.no_grad():
+        logits = tiny_pair.draft(torch.tensor([tokens])).logits[0, first - 1:-1]
+    assert argmax == logits.argmax(-1).tolist()
+    assert all(0 < c <= 1 for c in confidence) and len(confidence) == 5
+
+
+def test_a_lookup_pays_on_answers_that_copy_the_prompt_and_changes_nothing_on_answers_that_do_not(tiny_pair):
+    from eval.llama_cpp_mixed import mixed_figures
+
+    drafter = tiny_pair.kind.drafter(tiny_pair.draft_runner())
+    rng = random.Random(1)
+    span = [rng.randrange(10, 60) for _ in range(60)]
+    prompts = [span + [rng.randrange(10, 60) for _ in range(5)] for _ in range(3)]
+    copying = mixed_figures(drafter, "draft-simple", prompts, [span[:50] for _ in prompts], 64, 2, 0.0, [0])
+    assert copying.lookup_rounds > 0 and copying.gain > 1.5 and copying.tokens_per_forward > 3
+    fresh = [[rng.randrange(60, 120) for _ in range(50)] for _ in prompts]
+    alone = mixed_figures(drafter, "draft-simple", prompts, fresh, 64, 2, 0.0, [0])
+    assert alone.lookup_rounds == 0 and alone.gain == 1.0
+    assert alone.tokens_per_forward == alone.alone_tokens_per_forward
