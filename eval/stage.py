@@ -7,9 +7,10 @@ then timed, and with its per-token acceptance they give the recommended gamma. S
 first eval.speed_prompts prompts one request at a time, speculative and AR interleaved, next to the speedup those
 costs predict. With context copies on (decode.copy_ngram), the trained draft is measured once more without them:
 that is what the engines serve. Each engine's figures (decode/engine_rules.py) come from its own drafting rule's
-acceptance in the same decodes (decode/acceptance_rules.py) and the decoder's step costs. The untrained draft is measured once per run directory (eval_before.json) and
-reused while the prompts and settings are the same; everything else goes into the stage's record
-(results/eval.json).
+acceptance in the same decodes (decode/acceptance_rules.py) and the decoder's step costs; llama.cpp's lookup
+before the draft is replayed on the trained draft's answers (eval/llama_cpp_mixed.py). The untrained draft is
+measured once per run directory (eval_before.json) and reused while the prompts and settings are the same;
+everything else goes into the stage's record (results/eval.json).
 """
 
 from __future__ import annotations
@@ -85,7 +86,9 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
                                              settings.max_new_tokens)
     ctx.tracker.log({"eval/alpha_before": before.alpha, "eval/alpha_after": after.alpha,
                      "eval/token_acceptance_after": after.token_acceptance,
-                     **({"eval/token_acceptance_draft_alone": alone.token_acceptance} if alone else {})}, step=0)
+                     **({"eval/token_acceptance_draft_alone": alone.token_acceptance} if alone else {}),
+                     **({"eval/llama_cpp_mixed_gain": result.llama_cpp_mixed.gain} if result.llama_cpp_mixed else {})},
+                    step=0)
     if not speed_prompt_ids or result.recommended_gamma is None:
         return result
     use_recommended = settings.at_recommended_gamma
