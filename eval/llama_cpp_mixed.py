@@ -46,7 +46,8 @@ def mixed_figures(drafter: Drafter, draft_spec_type: str, prompts: list[list[int
         """How many tokens the draft drafts after `context` before its confidence falls under p_min."""
         drafted = 0
         while drafted < most:
-            argmax, confidence = draft_along(drafter, context, len(context))
+            # the draft's token after `context`: a placeholder in its place, which no logit reads
+            argmax, confidence = draft_along(drafter, context + [0], len(context))
             if confidence[-1] < p_min:
                 break
             context, drafted = context + [argmax[-1]], drafted + 1

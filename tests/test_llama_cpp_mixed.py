@@ -225,3 +225,21 @@ def test_a_lookup_pays_on_answers_that_copy_the_prompt_and_changes_nothing_on_an
     alone = mixed_figures(drafter, "draft-simple", prompts, fresh, 64, 2, 0.0, [0])
     assert alone.lookup_rounds == 0 and alone.gain == 1.0
     assert alone.tokens_per_forward == alone.alone_tokens_per_forward
+
+
+def test_with_a_p_min_the_draft_is_run_on_past_a_mismatch_to_find_where_it_stops(tiny_pair):
+    import statistics
+
+    from eval.llama_cpp_mixed import draft_along, mixed_figures
+
+    drafter = tiny_pair.kind.drafter(tiny_pair.draft_runner())
+    rng = random.Random(2)
+    prompts = [[rng.randrange(10, 60) for _ in range(20)] for _ in range(2)]
+    answers = [[rng.randrange(10, 60) for _ in range(12)] for _ in prompts]
+    confidences = [c for prompt, answer in zip(prompts, answers) for c in draft_along(drafter, prompt + answer,
+                                                                                          len(prompt))[1]]
+    p_min = statistics.median(confidences)  # about half the positions stop the draft
+    free = mixed_figures(drafter, "draft-simple", prompts, answers, 64, 3, 0.0, [0])
+    stopped = mixed_figures(drafter, "draft-simple", prompts, answers, 64, 3, p_min, [0])
+    assert free.draft_n == 3 * free.rounds  # p-min 0: every round drafts gamma tokens
+    assert 0 < stopped.draft_n < free.draft_n
