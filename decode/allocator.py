@@ -27,6 +27,7 @@ log = logging.getLogger(__name__)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # mallopt parameters, <malloc.h>
 KEEP_BELOW = 1 << 30  # allocations up to 1 GiB come from the heap and go back to it
 GLIBC_MMAP_BOUND = 32 << 20  # the highest glibc's own mmap threshold rises to, on 64-bit
+MADV_PAGEOUT = 21  # madvise advice, <sys/mman.h>, Linux 5.4+
 
 
 @contextmanager
@@ -41,7 +42,7 @@ def freed_memory_reused():
     finally:
         if taken:
             _thresholds(libc, GLIBC_MMAP_BOUND)
-            libc.malloc_trim(0)
+            return_freed_memory()
 
 
 def return_freed_memory() -> None:
@@ -54,9 +55,6 @@ def return_freed_memory() -> None:
     libc = _glibc()
     if libc is not None:
         libc.malloc_trim(0)
-
-
-MADV_PAGEOUT = 21  # <sys/mman.h>, Linux 5.4+
 
 
 def release_idle_memory() -> None:
@@ -97,12 +95,7 @@ def _libc():
 
 
 def _glibc():
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
-        return None
-    try:
-        return ctypes.CDLL("libc.so.6")
-    except OSError:
-        return None
+    return _libc() if platform.libc_ver()[0] == "glibc" else None
 
 
 def _thresholds(libc, mmap_threshold: int) -> bool:
