@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields
 from typing import Optional
 
+from decode.llama_cpp_lookup import LookupSetting
+
 
 def format_figure(value, spec: str = ".3f") -> str:
     """A figure as the summary and the model card print it; "-" where there is none."""
@@ -159,14 +161,16 @@ class EngineFigures:
 
 @dataclass
 class MixedFigures:
-    """llama-server with an n-gram lookup before the draft (`--spec-type ngram-map-k,<the draft's type>`), its rounds
+    """llama-server with an n-gram lookup before the draft (`--spec-type <lookup>,<the draft's type>`), its rounds
     replayed over the held-out answers (decode/llama_cpp_mixed.py), beside the draft alone on the same answers.
     Tokens per target forward count what a request's verifies and plain steps yield (a verify of more tokens
-    costs more); `gain` is the mixed rule's over the draft alone, paired by prompt."""
+    costs more); `gain` is the mixed rule's over the draft alone, paired by prompt. The lookup and its sizes are
+    the ones with the most tokens per target forward on the validation answers (`validation_*`), or llama.cpp's
+    defaults where there were none (`defaults_because` says why)."""
 
     spec_type: str
-    size_n: int  # --spec-ngram-map-k-size-n
-    size_m: int  # --spec-ngram-map-k-size-m
+    size_n: int  # --spec-<lookup>-size-n
+    size_m: int  # --spec-<lookup>-size-m
     gamma: int  # --spec-draft-n-max
     p_min: float  # --spec-draft-p-min
     prompts: int
@@ -180,6 +184,21 @@ class MixedFigures:
     alone_tokens_per_forward: Optional[float] = None
     gain: Optional[float] = None
     gain_interval: Optional[list[float]] = None
+    validation_prompts: int = 0  # the answers the setting was chosen on
+    settings_tried: int = 0
+    validation_tokens_per_forward: Optional[float] = None  # the chosen setting's there
+    validation_alone_tokens_per_forward: Optional[float] = None
+    defaults_because: Optional[str] = None
+
+    @property
+    def lookup(self) -> LookupSetting:
+        return LookupSetting(self.spec_type.split(",")[0], self.size_n, self.size_m)
+
+    @property
+    def pays(self) -> bool:
+        """Whether the lookup first saves target forwards on the held-out answers beyond doubt: the gain's 95%
+        interval lies above 1."""
+        return self.gain_interval is not None and self.gain_interval[0] > 1.0
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -224,14 +243,21 @@ class StepCostFigures:
 @dataclass(kw_only=True)
 class EngineCheck:
     """The exported GGUF served by llama-server at export: skipped (and why), or what it drafted and the target
-    accepted; for a draft llama-bench can time, also the engine's step costs, the gamma they recommend for the
-    draft's per-token acceptance and the speedup they predict there."""
+    accepted; served with an n-gram lookup first (`lookup_arguments`), also what the replay of its answers
+    predicted it would count (decode/llama_cpp_mixed.py served_counts); for a draft llama-bench can time, also the
+    engine's step costs, the gamma they recommend for the draft's per-token acceptance and the speedup they predict
+    there."""
 
     skipped: Optional[str] = None
     prompts: Optional[int] = None
     drafted: Optional[int] = None
     accepted: Optional[int] = None
     alpha: Optional[float] = None
+    lookup_arguments: Optional[list[str]] = None  # the --spec-type list served and its sizes; None: the draft alone
+    predicted_drafted: Optional[int] = None
+    predicted_accepted: Optional[int] = None
+    predicted_lookup_rounds: Optional[int] = None
+    predicted_rounds: Optional[int] = None
     target_tokens_per_s: Optional[float] = None
     draft_tokens_per_s: Optional[float] = None
     c: Optional[float] = None
@@ -249,6 +275,10 @@ class EngineCheck:
         if self.skipped is not None:
             return {"skipped": self.skipped}
         data = {"prompts": self.prompts, "drafted": self.drafted, "accepted": self.accepted, "alpha": self.alpha}
+        if self.lookup_arguments is not None:
+            data.update(lookup_arguments=self.lookup_arguments, predicted_drafted=self.predicted_drafted,
+                        predicted_accepted=self.predicted_accepted,
+                        predicted_lookup_rounds=self.predicted_lookup_rounds, predicted_rounds=self.predicted_rounds)
         if self.has_step_costs:
             data.update(target_tokens_per_s=self.target_tokens_per_s, draft_tokens_per_s=self.draft_tokens_per_s,
                         c=self.c, v=_by_gamma_json(self.v), gamma=self.gamma, p_min=self.p_min,

@@ -13,7 +13,7 @@ long the draft is decide what a user's server accepts.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Protocol, Sequence
 
 LCG_FACTOR = 2654435761
 HASH_SLOTS = 1 << 18  # COMMON_NGRAM_HASH_MAP_SIZE
@@ -32,6 +32,23 @@ def ngram_simple_draft(history: Sequence[int], sampled: int, size_n: int = 12, s
             copy = min(size_m, length - (start + size_n))
             return list(history[start + size_n:start + size_n + copy]) if copy >= size_n else []
     return []
+
+
+@dataclass
+class NgramSimple:
+    """`ngram-simple` as one slot runs it: stateless, the whole history scanned afresh each round."""
+
+    size_n: int = 12
+    size_m: int = 48
+
+    def begin(self, prompt: Sequence[int]) -> None:
+        pass
+
+    def draft(self, history: Sequence[int], sampled: int) -> list[int]:
+        return ngram_simple_draft(history, sampled, self.size_n, self.size_m)
+
+    def accepted(self, count: int) -> None:
+        pass
 
 
 def ngram_hash(tokens: Sequence[int], start: int, size: int) -> int:
@@ -110,3 +127,48 @@ class NgramMapK:
         """The last draft (this lookup's own) had `count` tokens accepted: the cap of the next draft from its key."""
         if self.last_key is not None:
             self.last_key.n_accepted = count
+
+
+class Lookup(Protocol):
+    """One slot's lookup as llama-server calls it: begin() when a request starts, draft() each round, accepted()
+    after a draft of its own."""
+
+    def begin(self, prompt: Sequence[int]) -> None: ...
+
+    def draft(self, history: Sequence[int], sampled: int) -> list[int]: ...
+
+    def accepted(self, count: int) -> None: ...
+
+
+LOOKUPS = {"ngram-simple": NgramSimple, "ngram-map-k": NgramMapK}  # by their --spec-type names
+
+
+@dataclass(frozen=True)
+class LookupSetting:
+    """A lookup type and its sizes, as llama-server's flags name them: --spec-type <spec_type>,... and
+    --spec-<spec_type>-size-n / -size-m. The draft model's --spec-draft-n-max does not cap a lookup's draft: size_m
+    and the server's room for tokens do."""
+
+    spec_type: str
+    size_n: int
+    size_m: int
+
+    def __post_init__(self):
+        if self.spec_type not in LOOKUPS:
+            raise ValueError(f"no port of llama.cpp's {self.spec_type!r} lookup; the ported ones: {sorted(LOOKUPS)}")
+
+    def new(self) -> Lookup:
+        """A fresh slot's lookup."""
+        return LOOKUPS[self.spec_type](self.size_n, self.size_m)
+
+
+LLAMA_CPP_DEFAULT = LookupSetting("ngram-map-k", 12, 48)  # llama.cpp's own sizes (common/common.h)
+
+
+def spec_type_arguments(draft_spec_type: str, lookup: LookupSetting | None = None) -> list[str]:
+    """llama-server's arguments to draft with the draft model (of `draft_spec_type`), and with `lookup` first at
+    its sizes where given."""
+    if lookup is None:
+        return ["--spec-type", draft_spec_type]
+    return ["--spec-type", f"{lookup.spec_type},{draft_spec_type}", f"--spec-{lookup.spec_type}-size-n",
+            str(lookup.size_n), f"--spec-{lookup.spec_type}-size-m", str(lookup.size_m)]

@@ -1,4 +1,5 @@
-"""What llama-server's mixed drafting (`--spec-type ngram-map-k,draft-simple`) counts on an answer, replayed.
+"""What llama-server's mixed drafting (`--spec-type ngram-map-k,draft-simple`, or ngram-simple first) counts on an
+answer, replayed.
 
 Each round llama-server asks its lookup first (decode/llama_cpp_lookup.py) and drafts with the model only where the
 lookup returned nothing; every drafted token, the lookup's and the model's greedy ones alike, is verified by
@@ -11,7 +12,8 @@ the counters (`timings.draft_n`, `timings.draft_n_accepted`) the server would re
 A model round drafts greedily along its own tokens; while they equal the answer its context is the answer's, so its
 draft at each position is the draft's argmax teacher-forced on the answer, and the first draft token that differs
 ends the round's accepted run (what the draft proposes after it is never accepted). Drafting stops before a
-position whose llama.cpp confidence is under --spec-draft-p-min.
+position whose llama.cpp confidence is under --spec-draft-p-min. One teacher-forced forward of the draft over
+prompt and answer (draft_along) gives those tokens and confidences for every lookup setting replayed.
 """
 
 from __future__ import annotations
@@ -19,7 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
-from decode.llama_cpp_lookup import NgramMapK
+import torch
+
+from decode.acceptance_rules import llama_cpp_confidence
+from decode.drafting import Drafter
+from decode.llama_cpp_lookup import Lookup, LookupSetting, NgramMapK
 
 
 @dataclass
@@ -60,15 +66,15 @@ OffPath = Callable[[list[int], int], int]
 
 def replay(prompt: Sequence[int], answer: Sequence[int], draft_argmax: Sequence[int],
            draft_confidence: Sequence[float], max_new_tokens: int, draft_n_max: int, p_min: float = 0.0,
-           off_path: OffPath | None = None, lookup: Callable[[], NgramMapK] | None = NgramMapK,
+           off_path: OffPath | None = None, lookup: Callable[[], Lookup] | None = NgramMapK,
            eos_token_ids: Sequence[int] = ()) -> MixedCounts:
     """The rounds llama-server runs for `answer`, sampled by the target after `prompt` with at most max_new_tokens.
 
     draft_argmax[i], draft_confidence[i]: the draft's greedy token for answer[i] and its llama.cpp confidence
     (decode/acceptance_rules.py llama_cpp_confidence), the draft reading prompt + answer[:i]. draft_n_max and
     p_min: --spec-draft-n-max and --spec-draft-p-min; with p_min > 0, off_path says how far the draft goes on
-    after a token the answer does not have. lookup: a fresh lookup per request (None: the draft model alone,
-    `--spec-type draft-simple`)."""
+    after a token the answer does not have. lookup: the slot's lookup, begun with this prompt (None: the draft
+    model alone, `--spec-type draft-simple`)."""
     if len(draft_argmax) < len(answer) or len(draft_confidence) < len(answer):
         raise ValueError("draft_argmax and draft_confidence need one entry per answer token")
     if p_min > 0 and off_path is None:
@@ -133,3 +139,31 @@ def _matched(drafted: Sequence[int | None], answer: Sequence[int], start: int, e
         if token in eos_token_ids:
             break
     return accepted
+
+
+def draft_along(drafter: Drafter, tokens: list[int], first: int) -> tuple[list[int], list[float]]:
+    """The draft's argmax and llama.cpp confidence for tokens[first:], each reading the tokens before it."""
+    device = drafter.runner.device
+    ids = torch.tensor([tokens], dtype=torch.long, device=device)
+    positions = torch.arange(first - 1, len(tokens) - 1, device=device)[None]
+    drafter.reset(1, len(tokens))
+    try:
+        with torch.inference_mode():
+            logits = drafter.prefill_logits(ids, len(tokens), positions)[0]
+    finally:
+        drafter.free()
+    return logits.argmax(-1).tolist(), llama_cpp_confidence(logits).tolist()
+
+
+def served_counts(drafter: Drafter, prompts: list[list[int]], answers: list[list[int]], max_new_tokens: int,
+                  draft_n_max: int, lookup: LookupSetting, eos_token_ids: Sequence[int]) -> MixedCounts:
+    """The counters of a llama-server of one slot with `lookup` first, at --spec-draft-p-min 0, that answered these
+    prompts one after the other with these answers: its lookup's state carries from request to request, as the
+    slot keeps it."""
+    table = lookup.new()
+    total = MixedCounts()
+    for prompt, answer in zip(prompts, answers):
+        argmax, confidence = draft_along(drafter, list(prompt) + list(answer), len(prompt))
+        total += replay(prompt, answer, argmax, confidence, max_new_tokens, draft_n_max, lookup=lambda: table,
+                        eos_token_ids=eos_token_ids)
+    return total

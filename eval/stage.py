@@ -8,9 +8,9 @@ first eval.speed_prompts prompts one request at a time, speculative and AR inter
 costs predict. With context copies on (decode.copy_ngram), the trained draft is measured once more without them:
 that is what the engines serve. Each engine's figures (decode/engine_rules.py) come from its own drafting rule's
 acceptance in the same decodes (decode/acceptance_rules.py) and the decoder's step costs; llama.cpp's lookup
-before the draft is replayed on the trained draft's answers (eval/llama_cpp_mixed.py). The untrained draft is
-measured once per run directory (eval_before.json) and reused while the prompts and settings are the same;
-everything else goes into the stage's record (results/eval.json).
+before the draft, chosen on the validation answers, is replayed on the trained draft's answers
+(eval/llama_cpp_mixed.py). The untrained draft is measured once per run directory (eval_before.json) and reused
+while the prompts and settings are the same; everything else goes into the stage's record (results/eval.json).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from decode.stage_results import EvalResult
 from decode.step_costs import measure_step_costs, text_of
 from eval.acceptance import baseline_is_off, decode_batches, figures
 from eval.config import EvalConfig
-from eval.llama_cpp_mixed import mixed_figures
+from eval.llama_cpp_mixed import Answers, mixed_figures
 
 
 def eval_key(prompt_ids: list[list[int]], decode: DecodeConfig, settings: EvalConfig, seed: int) -> dict:
@@ -40,7 +40,9 @@ def eval_key(prompt_ids: list[list[int]], decode: DecodeConfig, settings: EvalCo
 
 
 def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldout_prompt_ids: list[list[int]],
-             draft_fingerprint: str) -> EvalResult:
+             draft_fingerprint: str, validation: Answers | None = None) -> EvalResult:
+    """validation: the target's answers to the validation prompts, which choose llama.cpp's lookup (None: a run
+    without them)."""
     prompt_ids = heldout_prompt_ids[: settings.max_prompts]
     speed_prompt_ids = prompt_ids[: settings.speed_prompts]
     sampling, policy = decode.sampling(), decode.gamma_policy()
@@ -82,8 +84,8 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
                         recommended_gamma=after.recommended_gamma, speed=None, draft_alone=alone,
                         engines=engine_figures(alone or after, step_costs.c, step_costs.v,
                                                parallel=step_costs.parallel))
-    result.llama_cpp_mixed = llama_cpp_mixed(ctx, decoder, result, prompt_ids, answers["trained draft"],
-                                             settings.max_new_tokens)
+    heldout = Answers(prompt_ids, answers["trained draft"], settings.max_new_tokens)
+    result.llama_cpp_mixed = llama_cpp_mixed(ctx, decoder, result, heldout, validation)
     ctx.tracker.log({"eval/alpha_before": before.alpha, "eval/alpha_after": after.alpha,
                      "eval/token_acceptance_after": after.token_acceptance,
                      **({"eval/token_acceptance_draft_alone": alone.token_acceptance} if alone else {}),
@@ -102,15 +104,16 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     return result
 
 
-def llama_cpp_mixed(ctx: RunContext, decoder, result: EvalResult, prompt_ids: list[list[int]],
-                    answers: list[list[int]], max_new_tokens: int) -> MixedFigures | None:
-    """llama.cpp's lookup-then-draft rule on the held-out answers, at the gamma and p-min llama.cpp is told; None
-    for a draft llama-server does not run as an ordinary draft model (a head reading the target's states)."""
+def llama_cpp_mixed(ctx: RunContext, decoder, result: EvalResult, heldout: Answers,
+                    validation: Answers | None) -> MixedFigures | None:
+    """llama.cpp's lookup-then-draft rule, chosen on the validation answers, on the held-out answers, at the gamma
+    and p-min llama.cpp is told; None for a draft llama-server does not run as an ordinary draft model (a head
+    reading the target's states)."""
     engine = result.engines.get("llama_cpp")
     if ctx.pair.kind.llama_cpp_spec_type != DRAFT_SPEC_TYPE or engine is None or engine.gamma is None:
         return None
-    return mixed_figures(decoder.new_drafter(decoder.draft), DRAFT_SPEC_TYPE, prompt_ids, answers, max_new_tokens,
-                         engine.gamma, engine.p_min or 0.0, ctx.pair.eos_token_ids, ctx.seed)
+    return mixed_figures(decoder.new_drafter(decoder.draft), DRAFT_SPEC_TYPE, heldout, validation, engine.gamma,
+                         engine.p_min or 0.0, ctx.pair.eos_token_ids, ctx.seed)
 
 
 def verdict(speed: AcceptanceFigures) -> str | None:

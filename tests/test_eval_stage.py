@@ -15,6 +15,7 @@ from decode.models import ModelSpec
 from decode.pair import load_pair
 from decode.figures import AcceptanceFigures
 from eval.config import EvalConfig
+from eval.llama_cpp_mixed import LOOKUP_GRID, NO_VALIDATION, Answers
 from eval.stage import run_eval
 from decode.run_summary import RunSummary
 from decode.tracking import LoggerConfig, Tracker
@@ -228,15 +229,20 @@ def test_with_context_copies_the_draft_is_measured_alone_too_and_that_is_what_en
                                                    ctx.run_dir)
 
 
-def test_the_eval_replays_llama_cpps_lookup_then_draft_rule_on_its_held_out_answers(ctx, pair, monkeypatch):
+@pytest.fixture
+def llama_cpp_at_gamma_2(monkeypatch):
+    """llama.cpp's gamma and p-min, which the timed step costs choose, held at 2 and 0."""
     real = eval.stage.engine_figures
 
-    def pinned(*args, **kwargs):  # llama.cpp's gamma and p-min, which the timed step costs choose, held fixed
+    def pinned(*args, **kwargs):
         figures = real(*args, **kwargs)
         figures["llama_cpp"] = replace(figures["llama_cpp"], gamma=2, p_min=0.0)
         return figures
 
     monkeypatch.setattr(eval.stage, "engine_figures", pinned)
+
+
+def test_the_eval_replays_llama_cpps_lookup_then_draft_rule_on_its_held_out_answers(ctx, pair, llama_cpp_at_gamma_2):
     prompts = pair.encode_chat([f"prompt number {i}" for i in range(4)])
     settings = EvalConfig(max_prompts=4, max_new_tokens=24, batch_size=2, speed_prompts=0)
     result = run_eval(ctx, settings, DecodeConfig(temperature=0.7, gamma=2), prompts, "draft")
@@ -244,6 +250,7 @@ def test_the_eval_replays_llama_cpps_lookup_then_draft_rule_on_its_held_out_answ
     assert mixed.spec_type == "ngram-map-k,draft-simple" and mixed.prompts == 4
     assert (mixed.gamma, mixed.p_min) == (2, 0.0)
     assert mixed.lookup_rounds == 0  # histories under 2n + m = 72 tokens: llama.cpp's lookup never drafts
+    assert (mixed.size_n, mixed.size_m, mixed.validation_prompts) == (12, 48, 0)  # no validation answers given
     # at p-min 0 every round with room for a token drafts: two tokens a round, fewer only near the budget
     assert mixed.rounds > 0 and mixed.rounds < mixed.draft_n <= 2 * mixed.rounds
     assert mixed.draft_n_accepted <= mixed.draft_n
@@ -251,5 +258,20 @@ def test_the_eval_replays_llama_cpps_lookup_then_draft_rule_on_its_held_out_answ
     low, high = mixed.gain_interval
     assert low <= mixed.gain <= high
     summary = format_summary(RunSummary(domain="d", method="m", run_dir=str(ctx.run_dir), eval=result), ctx.run_dir)
-    assert "--spec-type ngram-map-k,draft-simple" in summary
+    assert f"--spec-type ngram-map-k,draft-simple, n 12, m 48, llama.cpp's defaults, {NO_VALIDATION}" in summary
     assert eval.stage.EvalResult.from_json(result.to_json()).llama_cpp_mixed == mixed
+
+
+def test_the_eval_chooses_llama_cpps_lookup_on_the_validation_answers_it_is_given(ctx, pair, llama_cpp_at_gamma_2):
+    prompts = pair.encode_chat([f"prompt number {i}" for i in range(2)])
+    # answers that repeat a phrase: the lookup of a small n drafts there, llama.cpp's default n of 12 cannot
+    phrase = pair.tokenizer.encode("abc, ", add_special_tokens=False)
+    validation = Answers(pair.encode_chat(["validation one", "validation two"]), [phrase * 8] * 2, 40)
+    settings = EvalConfig(max_prompts=2, max_new_tokens=8, batch_size=2, speed_prompts=0)
+    result = run_eval(ctx, settings, DecodeConfig(temperature=0.0, gamma=2), prompts, "draft", validation)
+    mixed = result.llama_cpp_mixed
+    assert (mixed.validation_prompts, mixed.settings_tried, mixed.defaults_because) == (2, len(LOOKUP_GRID), None)
+    assert mixed.size_n < 12 and mixed.validation_tokens_per_forward > mixed.validation_alone_tokens_per_forward
+    summary = format_summary(RunSummary(domain="d", method="m", run_dir=str(ctx.run_dir), eval=result), ctx.run_dir)
+    assert (f"--spec-type {mixed.spec_type}, n {mixed.size_n}, m {mixed.size_m}, the best of {len(LOOKUP_GRID)} on 2 "
+            f"validation answers: {mixed.validation_tokens_per_forward:.2f} tokens per target forward there") in summary

@@ -12,6 +12,7 @@ import torch
 from decode.errors import ExportError
 from decode.files import published
 from decode.figures import AcceptanceFigures
+from decode.llama_cpp_lookup import LookupSetting
 from decode.stage_results import EvalResult
 from decode.export.engines import ServingTarget, write_serving_files
 from decode.kinds.common.model_draft_export import serving_flags
@@ -54,10 +55,11 @@ DOCUMENTED_ARGUMENTS = {
                "--speculative-draft-model-path", "--speculative-num-steps", "--speculative-eagle-topk",
                "--speculative-num-draft-tokens"},
     "llama_cpp": {"-m", "-md", "--host", "--port", "--spec-type", "--spec-draft-n-max", "--spec-draft-n-min",
-                  "--spec-draft-p-min", "--metrics", "-t", "-td"},
+                  "--spec-draft-p-min", "--metrics", "-t", "-td", "--spec-ngram-map-k-size-n",
+                  "--spec-ngram-map-k-size-m", "--spec-ngram-simple-size-n", "--spec-ngram-simple-size-m"},
 }
 SPECULATIVE_METHODS = {"vllm": {"draft_model"}, "sglang": {"EAGLE", "EAGLE3", "NEXTN", "STANDALONE", "NGRAM"},
-                       "llama_cpp": {"draft-simple"}}
+                       "llama_cpp": {"draft-simple", "ngram-map-k", "ngram-simple"}}
 
 
 def assert_documented(flags) -> None:
@@ -71,12 +73,20 @@ def assert_documented(flags) -> None:
         assert emitted <= documented, f"{engine}: {sorted(emitted - documented)} not documented"
 
 
-def test_every_emitted_engine_argument_is_one_the_engine_documents(tmp_path):
-    flags = serving_flags(ServingTarget("org/target", "t.gguf"), tmp_path / "draft", tmp_path / "d.gguf", gamma=3)
+@pytest.mark.parametrize("lookup", [None, LookupSetting("ngram-map-k", 3, 16), LookupSetting("ngram-simple", 2, 8)])
+def test_every_emitted_engine_argument_is_one_the_engine_documents(tmp_path, lookup):
+    flags = serving_flags(ServingTarget("org/target", "t.gguf"), tmp_path / "draft", tmp_path / "d.gguf", gamma=3,
+                          llama_cpp_lookup=lookup)
     assert_documented(flags)
     assert flags.vllm_speculative_config["method"] in SPECULATIVE_METHODS["vllm"]
     assert flags.sglang[flags.sglang.index("--speculative-algorithm") + 1] in SPECULATIVE_METHODS["sglang"]
-    assert flags.llama_cpp_spec_type in SPECULATIVE_METHODS["llama_cpp"]
+    assert set(flags.llama_cpp_spec_type.split(",")) <= SPECULATIVE_METHODS["llama_cpp"]
+    # llama-server splits the list on commas and trims nothing
+    assert flags.llama_cpp_spec_type == ("draft-simple" if lookup is None else f"{lookup.spec_type},draft-simple")
+    if lookup is not None:
+        command = flags.llama_cpp
+        assert command[command.index(f"--spec-{lookup.spec_type}-size-n") + 1] == str(lookup.size_n)
+        assert command[command.index(f"--spec-{lookup.spec_type}-size-m") + 1] == str(lookup.size_m)
 
 
 def test_llama_cpp_gets_the_gamma_and_p_min_its_drafting_rule_calls_for_and_its_own_warning(tmp_path):
@@ -350,3 +360,35 @@ def test_with_context_copies_the_engines_get_the_figures_of_the_draft_alone(tmp_
     card = (tmp_path / "run" / "export" / "README.md").read_text()
     assert f"the draft alone, as vLLM, SGLang and llama.cpp serve it: per-token acceptance " \
            f"{alone.token_acceptance:.3f}" in card
+
+
+def test_llama_cpp_sh_runs_the_lookup_chosen_on_validation_first_only_where_its_held_out_gain_is_above_1(tmp_path):
+    from decode.figures import MixedFigures
+
+    _, summary = export_run(tmp_path, ["generate", "train", "eval", "export"])
+    mixed = summary.eval.llama_cpp_mixed
+    assert mixed.validation_prompts == summary.generate.validation_answers > 0  # the run's validation answers
+    record = tmp_path / "run" / "results" / "eval.json"
+    evaluated = json.loads(record.read_text())
+    script = tmp_path / "run" / "export" / "serving" / "llama_cpp.sh"
+    for low, emitted in ((1.02, True), (0.98, False)):
+        chosen = MixedFigures(**{**mixed.to_json(), "spec_type": "ngram-simple,draft-simple", "size_n": 3,
+                                 "size_m": 16, "gain": 1.1, "gain_interval": [low, 1.2]})
+        record.write_text(json.dumps({**evaluated, "llama_cpp_mixed": chosen.to_json()}))
+        _, summary = export_run(tmp_path, ["export"])
+        command = shlex.split(script.read_text().splitlines()[-1])
+        assert summary.export.flags.llama_cpp[1:] == command[2:-1]  # the record holds what the script runs
+        card = (tmp_path / "run" / "export" / "README.md").read_text()
+        if emitted:
+            assert command[command.index("--spec-type") + 1] == "ngram-simple,draft-simple"
+            assert command[command.index("--spec-ngram-simple-size-n") + 1] == "3"
+            assert command[command.index("--spec-ngram-simple-size-m") + 1] == "16"
+            assert ("The command drafts with llama.cpp's n-gram lookup first, `--spec-type ngram-simple,draft-simple` "
+                    f"with n 3 and m 16 (the best of {mixed.settings_tried} on {mixed.validation_prompts} validation "
+                    "answers" in card)
+            assert ": 1.100x [1.020, 1.200], above 1." in card
+        else:
+            assert command[command.index("--spec-type") + 1] == "draft-simple"
+            assert not any(argument.startswith("--spec-ngram") for argument in command)
+            assert "The command runs the draft model alone: llama.cpp's n-gram lookup first" in card
+            assert ": 1.100x [0.980, 1.200], an interval not above 1." in card

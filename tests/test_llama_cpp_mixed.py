@@ -8,7 +8,7 @@ import pytest
 from scipy.stats import chi2_contingency
 
 from decode.llama_cpp_lookup import NgramMapK, ngram_simple_draft
-from decode.llama_cpp_mixed import MixedCounts, replay
+from decode.llama_cpp_mixed import MixedCounts, draft_along, replay
 
 
 def test_ngram_simple_copies_after_the_latest_earlier_occurrence_of_the_last_n_tokens():
@@ -200,8 +200,6 @@ def test_the_replay_counts_what_the_servers_loop_counts_in_distribution(lookup_t
 def test_the_drafts_tokens_along_an_answer_are_its_own_argmax_reading_the_tokens_before_each(tiny_pair):
     import torch
 
-    from eval.llama_cpp_mixed import draft_along
-
     drafter = tiny_pair.kind.drafter(tiny_pair.draft_runner())
     tokens = tiny_pair.encode_chat(["a prompt"])[0] + [5, 9, 13, 2, 7]
     first = len(tokens) - 5
@@ -212,25 +210,92 @@ def test_the_drafts_tokens_along_an_answer_are_its_own_argmax_reading_the_tokens
     assert all(0 < c <= 1 for c in confidence) and len(confidence) == 5
 
 
-def test_a_lookup_pays_on_answers_that_copy_the_prompt_and_changes_nothing_on_answers_that_do_not(tiny_pair):
-    from eval.llama_cpp_mixed import mixed_figures
+def test_without_validation_answers_llama_cpps_defaults_are_replayed_and_pay_on_answers_that_copy_the_prompt(
+        tiny_pair):
+    from eval.llama_cpp_mixed import NO_VALIDATION, Answers, mixed_figures
 
     drafter = tiny_pair.kind.drafter(tiny_pair.draft_runner())
     rng = random.Random(1)
     span = [rng.randrange(10, 60) for _ in range(60)]
     prompts = [span + [rng.randrange(10, 60) for _ in range(5)] for _ in range(3)]
-    copying = mixed_figures(drafter, "draft-simple", prompts, [span[:50] for _ in prompts], 64, 2, 0.0, [0])
-    assert copying.lookup_rounds > 0 and copying.gain > 1.5 and copying.tokens_per_forward > 3
-    fresh = [[rng.randrange(60, 120) for _ in range(50)] for _ in prompts]
-    alone = mixed_figures(drafter, "draft-simple", prompts, fresh, 64, 2, 0.0, [0])
-    assert alone.lookup_rounds == 0 and alone.gain == 1.0
-    assert alone.tokens_per_forward == alone.alone_tokens_per_forward
+    copying = mixed_figures(drafter, "draft-simple", Answers(prompts, [span[:50] for _ in prompts], 64), None, 2,
+                            0.0, [0])
+    assert (copying.spec_type, copying.size_n, copying.size_m) == ("ngram-map-k,draft-simple", 12, 48)
+    assert copying.defaults_because == NO_VALIDATION and copying.validation_prompts == 0
+    assert copying.lookup_rounds > 0 and copying.gain > 1.5 and copying.tokens_per_forward > 3 and copying.pays
+
+
+def test_a_lookup_that_matches_nothing_leaves_the_drafts_figures_unchanged(tiny_pair):
+    from eval.llama_cpp_mixed import Answers, mixed_figures
+
+    drafter = tiny_pair.kind.drafter(tiny_pair.draft_runner())
+    rng = random.Random(1)
+    prompts = [[rng.randrange(10, 60) for _ in range(65)] for _ in range(6)]
+    # no answer token occurs twice, nor in the prompts: no key of any n is ever found
+    distinct = [rng.sample(range(60, 250), 50) for _ in prompts]
+    figures = mixed_figures(drafter, "draft-simple", Answers(prompts[:3], distinct[:3], 64),
+                            Answers(prompts[3:], distinct[3:], 64), 2, 0.0, [0])
+    assert figures.lookup_rounds == 0 and figures.gain == 1.0 and not figures.pays
+    assert figures.tokens_per_forward == figures.alone_tokens_per_forward
+    assert figures.validation_tokens_per_forward == figures.validation_alone_tokens_per_forward
+    # every setting ties on validation: the larger n, then the smaller m
+    assert (figures.spec_type, figures.size_n, figures.size_m) == ("ngram-map-k,draft-simple", 12, 4)
+
+
+def test_the_lookup_is_chosen_on_the_validation_answers_even_where_the_held_out_ones_prefer_another(tiny_pair):
+    from eval.llama_cpp_mixed import LOOKUP_GRID, Answers, Replays, choose_lookup, mixed_figures, tokens_per_forward
+
+    drafter = tiny_pair.kind.drafter(tiny_pair.draft_runner())
+    rng = random.Random(1)
+    span = [rng.randrange(10, 60) for _ in range(60)]
+    # held-out answers copy a long span of their prompts; validation answers repeat a short phrase of their own
+    heldout = Answers([span + [rng.randrange(10, 60) for _ in range(5)] for _ in range(3)], [span[:50]] * 3, 64)
+    phrase = [rng.randrange(60, 120) for _ in range(5)]
+    validation = Answers([[rng.randrange(10, 60) for _ in range(30)] for _ in range(3)], [phrase * 10] * 3, 64)
+    on_validation, _ = choose_lookup(Replays(drafter, validation, 2, 0.0, [0]))
+    heldout_replays = Replays(drafter, heldout, 2, 0.0, [0])
+    on_heldout, heldout_best = choose_lookup(heldout_replays)
+    figures = mixed_figures(drafter, "draft-simple", heldout, validation, 2, 0.0, [0])
+    assert figures.lookup == on_validation != on_heldout
+    assert figures.spec_type == f"{on_validation.spec_type},draft-simple"
+    assert tokens_per_forward(heldout_best) > figures.tokens_per_forward  # held-out would have preferred its own
+    assert figures.tokens_per_forward == tokens_per_forward(heldout_replays.counts(on_validation))
+    assert (figures.validation_prompts, figures.settings_tried, figures.defaults_because) == (3, len(LOOKUP_GRID), None)
+    assert figures.validation_tokens_per_forward > 3 > figures.validation_alone_tokens_per_forward
+
+
+def test_the_validation_answers_are_read_from_the_generate_stages_dataset(tmp_path):
+    from datasets import Dataset
+
+    from eval.llama_cpp_mixed import answers_on_disk
+
+    Dataset.from_dict({"input_ids": [[1, 2, 3, 4, 5], [9, 9], [6, 7, 8]], "prompt_length": [3, 2, 1],
+                       "stopped_by_eos": [True, True, False]}).save_to_disk(str(tmp_path / "validation"))
+    answers = answers_on_disk(str(tmp_path / "validation"), 12)  # an empty answer has no rounds: left out
+    assert (answers.prompts, answers.answers, answers.max_new_tokens) == ([[1, 2, 3], [6]], [[4, 5], [7, 8]], 12)
+    assert answers_on_disk(str(tmp_path / "removed"), 12) is None
+
+
+def test_a_lookup_setting_names_llama_servers_flags_and_runs_the_ported_lookup():
+    from decode.llama_cpp_lookup import LookupSetting, NgramSimple, spec_type_arguments
+
+    simple = LookupSetting("ngram-simple", 2, 4)
+    history = [9, 1, 2, 3, 4, 5, 1, 2, 7, 8, 6, 6, 6, 1]
+    lookup = simple.new()
+    assert isinstance(lookup, NgramSimple) and lookup.draft(history, 2) == ngram_simple_draft(history, 2, 2, 4)
+    assert isinstance(LookupSetting("ngram-map-k", 3, 8).new(), NgramMapK)
+    assert spec_type_arguments("draft-simple", simple) == ["--spec-type", "ngram-simple,draft-simple",
+                                                            "--spec-ngram-simple-size-n", "2",
+                                                            "--spec-ngram-simple-size-m", "4"]
+    assert spec_type_arguments("draft-simple") == ["--spec-type", "draft-simple"]
+    with pytest.raises(ValueError, match="ngram-mod"):
+        LookupSetting("ngram-mod", 24, 48)
 
 
 def test_with_a_p_min_the_draft_is_run_on_past_a_mismatch_to_find_where_it_stops(tiny_pair):
     import statistics
 
-    from eval.llama_cpp_mixed import draft_along, mixed_figures
+    from eval.llama_cpp_mixed import Answers, mixed_figures
 
     drafter = tiny_pair.kind.drafter(tiny_pair.draft_runner())
     rng = random.Random(2)
@@ -239,7 +304,7 @@ def test_with_a_p_min_the_draft_is_run_on_past_a_mismatch_to_find_where_it_stops
     confidences = [c for prompt, answer in zip(prompts, answers) for c in draft_along(drafter, prompt + answer,
                                                                                           len(prompt))[1]]
     p_min = statistics.median(confidences)  # about half the positions stop the draft
-    free = mixed_figures(drafter, "draft-simple", prompts, answers, 64, 3, 0.0, [0])
-    stopped = mixed_figures(drafter, "draft-simple", prompts, answers, 64, 3, p_min, [0])
+    free = mixed_figures(drafter, "draft-simple", Answers(prompts, answers, 64), None, 3, 0.0, [0])
+    stopped = mixed_figures(drafter, "draft-simple", Answers(prompts, answers, 64), None, 3, p_min, [0])
     assert free.draft_n == 3 * free.rounds  # p-min 0: every round drafts gamma tokens
     assert 0 < stopped.draft_n < free.draft_n

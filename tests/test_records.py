@@ -3,7 +3,7 @@
 import json
 
 from decode.export.export_record import ExportRecord, serving_step_costs_of
-from decode.figures import (AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, RuleFigures,
+from decode.figures import (AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, MixedFigures, RuleFigures,
                             ServingStepCosts, StepCostFigures)
 from decode.stage_results import EvalResult, ExportResult, TrainResult, load_result, save_result
 from decode.run_summary import RunSummary
@@ -51,8 +51,29 @@ def test_the_engine_check_writes_only_what_it_measured():
     assert skipped.to_json() == {"skipped": "llama-server was not found"}
     assert set(served.to_json()) == {"prompts", "drafted", "accepted", "alpha"} and not served.has_step_costs
     assert timed.to_json()["v"] == {"1": 1.05, "2": 1.1}
-    for check in (skipped, served, timed):
+    with_lookup = EngineCheck(prompts=2, drafted=20, accepted=12, alpha=0.6,
+                              lookup_arguments=["--spec-type", "ngram-map-k,draft-simple"], predicted_drafted=20,
+                              predicted_accepted=11, predicted_lookup_rounds=2, predicted_rounds=6)
+    assert set(with_lookup.to_json()) == {"prompts", "drafted", "accepted", "alpha", "lookup_arguments",
+                                          "predicted_drafted", "predicted_accepted", "predicted_lookup_rounds",
+                                          "predicted_rounds"}
+    for check in (skipped, served, timed, with_lookup):
         assert EngineCheck.from_json(through_json(check.to_json())) == check
+
+
+def test_mixed_figures_saved_before_the_lookup_was_chosen_read_as_llama_cpps_defaults():
+    from decode.export.card import mixed_line
+    from decode.llama_cpp_lookup import LookupSetting
+
+    saved = {"spec_type": "ngram-map-k,draft-simple", "size_n": 12, "size_m": 48, "gamma": 3, "p_min": 0.0,
+             "prompts": 64, "draft_n": 3000, "draft_n_accepted": 1200, "lookup_rounds": 14, "rounds": 2586,
+             "alpha": 0.4, "alpha_interval": [0.37, 0.45], "tokens_per_forward": 1.48,
+             "alone_tokens_per_forward": 1.45, "gain": 1.024, "gain_interval": [1.006, 1.051]}
+    loaded = MixedFigures.from_json(through_json(saved))
+    assert loaded.lookup == LookupSetting("ngram-map-k", 12, 48) and loaded.validation_prompts == 0 and loaded.pays
+    assert "n 12, m 48, llama.cpp's defaults; the held-out answers replayed" in mixed_line(loaded)
+    assert mixed_line(loaded).endswith("(1.024x [1.006, 1.051]); the export runs it")
+    assert MixedFigures.from_json(through_json(loaded.to_json())) == loaded
 
 
 def test_an_eval_result_is_saved_and_loaded_whole(tmp_path):

@@ -10,18 +10,27 @@ import os
 import subprocess
 import time
 import urllib.request
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from accelerate import Accelerator
 
-from decode.config import PairConfig
+from decode.config import DecodeConfig, ExportConfig, PairConfig
+from decode.context import RunContext
 from decode.models import ModelSpec
 from decode.engine_rules import llama_cpp_figures
-from decode.figures import AcceptanceFigures, EngineCheck, RuleFigures
+from decode.export.card import model_card
+from decode.export.export_record import ExportRecord
+from decode.export.job import ExportJob
+from decode.figures import AcceptanceFigures, EngineCheck, MixedFigures, RuleFigures
+from decode.llama_cpp_lookup import LookupSetting
 from decode.serving.engine_costs import EngineCosts
 from decode.export.engines import ServingTarget, write_serving_files
-from decode.kinds.common.model_draft_export import serving_flags
+from decode.kinds.common.model_draft_export import serving_flags, write_draft
+from decode.stage_results import ENGINE_CHECK, DraftRecords, EvalResult, ExportResult
+from decode.tracking import LoggerConfig, Tracker
 from decode.export.gguf import write_gguf
 from decode.serving.llama_cpp_build import cmake_args
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary, free_port
@@ -97,34 +106,65 @@ def test_a_draft_of_another_vocabulary_is_refused_not_served_silently(tmp_path, 
         LlamaServer(ServerSpec(ggufs["target"], str(other_gguf)), tmp_path / "server.log").start()
 
 
-def test_the_emitted_llama_cpp_command_serves_the_draft(tmp_path, tiny_pair, ggufs, server_binary):
-    flags = serving_flags(ServingTarget("tiny-random", ggufs["target"]), tmp_path / "draft", Path(ggufs["draft"]), 3)
-    write_serving_files(tmp_path / "serving", flags)
+@contextmanager
+def served_by_script(script: Path, server_binary: str, log_path: Path):
+    """llama_cpp.sh as emitted, run on a free port with the serving extra's binary: the server's URL once it is
+    healthy."""
     port = free_port()
     environment = {**os.environ, "LLAMA_SERVER": server_binary}
-    log = (tmp_path / "server.log").open("wb")
-    process = subprocess.Popen([str(tmp_path / "serving" / "llama_cpp.sh"), "--port", str(port), "-t", "2"],
-                               env=environment, stdout=log, stderr=subprocess.STDOUT)
+    log = log_path.open("wb")
+    process = subprocess.Popen([str(script), "--port", str(port), "-t", "2"], env=environment, stdout=log,
+                               stderr=subprocess.STDOUT)
     try:
         url = f"http://127.0.0.1:{port}"
         for _ in range(300):
-            assert process.poll() is None, (tmp_path / "server.log").read_text()[-2000:]
+            assert process.poll() is None, log_path.read_text()[-2000:]
             try:
                 if urllib.request.urlopen(url + "/health", timeout=1).status == 200:
                     break
             except OSError:
                 time.sleep(0.1)
-        body = json.dumps({"prompt": prompt_ids(tiny_pair, 1)[0], "n_predict": 16, "temperature": 0,
-                           "cache_prompt": False}).encode()
-        request = urllib.request.Request(url + "/completion", data=body, headers={"Content-Type": "application/json"})
-        timings = json.loads(urllib.request.urlopen(request, timeout=60).read())["timings"]
-        assert timings["draft_n"] > 0  # speculation really happened, with the flags as emitted
-        metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()  # --metrics is emitted
-        assert spec_counters(metrics)["drafted"] == timings["draft_n"]
+        yield url
     finally:
         process.terminate()
         process.wait(timeout=10)
         log.close()
+
+
+def greedy_timings(url: str, prompt: list[int], max_tokens: int) -> dict:
+    body = json.dumps({"prompt": prompt, "n_predict": max_tokens, "temperature": 0, "cache_prompt": False}).encode()
+    request = urllib.request.Request(url + "/completion", data=body, headers={"Content-Type": "application/json"})
+    return json.loads(urllib.request.urlopen(request, timeout=60).read())["timings"]
+
+
+def test_the_emitted_llama_cpp_command_serves_the_draft(tmp_path, tiny_pair, ggufs, server_binary):
+    flags = serving_flags(ServingTarget("tiny-random", ggufs["target"]), tmp_path / "draft", Path(ggufs["draft"]), 3)
+    write_serving_files(tmp_path / "serving", flags)
+    with served_by_script(tmp_path / "serving" / "llama_cpp.sh", server_binary, tmp_path / "server.log") as url:
+        timings = greedy_timings(url, prompt_ids(tiny_pair, 1)[0], 16)
+        assert timings["draft_n"] > 0  # speculation really happened, with the flags as emitted
+        metrics = urllib.request.urlopen(url + "/metrics", timeout=10).read().decode()  # --metrics is emitted
+        assert spec_counters(metrics)["drafted"] == timings["draft_n"]
+
+
+REPEATING = "the cat sat on the mat, the cat sat on the mat, the cat sat on the mat, the cat sat on the mat"
+
+
+def test_the_emitted_command_with_the_lookup_first_drafts_by_lookup_on_a_prompt_that_repeats_itself(
+        tmp_path, tiny_pair, ggufs, server_binary):
+    lookup = LookupSetting("ngram-map-k", 3, 8)
+    flags = serving_flags(ServingTarget("tiny-random", ggufs["target"]), tmp_path / "draft", Path(ggufs["draft"]), 3,
+                          llama_cpp_lookup=lookup)
+    write_serving_files(tmp_path / "serving", flags)
+    assert "--spec-type ngram-map-k,draft-simple --spec-ngram-map-k-size-n 3 --spec-ngram-map-k-size-m 8" in \
+        (tmp_path / "serving" / "llama_cpp.sh").read_text()
+    with served_by_script(tmp_path / "serving" / "llama_cpp.sh", server_binary, tmp_path / "server.log") as url:
+        timings = greedy_timings(url, tiny_pair.encode_chat([REPEATING])[0], 48)
+        counters = spec_counters(urllib.request.urlopen(url + "/metrics", timeout=10).read().decode())
+    assert counters["drafted"] == timings["draft_n"] and counters["accepted"] == timings["draft_n_accepted"]
+    # the draft model drafts at most --spec-draft-n-max 3 tokens a round: more than 3 a round on average is the
+    # lookup's drafts of up to 8
+    assert counters["drafted"] > 3 * counters["rounds"] > 0
 
 
 def test_the_monitor_reads_the_servers_counters(tmp_path, tiny_pair, ggufs, server_binary):
@@ -249,3 +289,47 @@ def test_the_exports_engine_check_serves_the_draft_and_picks_llama_cpps_gamma(tm
     missing = engine_check(ServerSpec(ggufs["target"], ggufs["draft"], binary=str(tmp_path / "none")),
                            prompt_ids(tiny_pair, 1), 4, tmp_path / "engine.log", None)
     assert missing.skipped  # no llama-server: the export says so and goes on
+
+
+def test_with_the_lookup_first_the_exports_engine_check_serves_what_the_export_ships_and_the_replay_predicts_it(
+        tmp_path, tiny_pair, ggufs, server_binary):
+    """The export of a draft whose eval found llama.cpp's lookup first paying: llama_cpp.sh runs the list, and the
+    engine check serves that very list, its counters beside the replay of its own greedy answers."""
+    tiny_pair.draft.save_pretrained(tmp_path / "draft")  # stands in for the trained draft
+    tiny_pair.tokenizer.save_pretrained(tmp_path / "draft")
+    ctx = RunContext(run_dir=tmp_path, pair=tiny_pair, target_spec=ModelSpec(path="tiny-random"),
+                     accelerator=Accelerator(cpu=True),
+                     tracker=Tracker(LoggerConfig(mode="disabled"), tmp_path, {}, "t"))
+    mixed = MixedFigures(spec_type="ngram-map-k,draft-simple", size_n=3, size_m=8, gamma=3, p_min=0.0, prompts=4,
+                         draft_n=40, draft_n_accepted=30, lookup_rounds=4, rounds=10, gain=1.3,
+                         gain_interval=[1.1, 1.5])
+    job = ExportJob(ctx, ExportConfig(gguf_type="f32", verify_prompts=2), DecodeConfig(temperature=0.0, gamma=3),
+                    ModelSpec(path=str(tmp_path / "draft"), dtype="float32", device="cpu"), tmp_path / "export",
+                    ServingTarget("tiny-random", ggufs["target"]), Path(ggufs["target"]), gamma=3,
+                    verify_ids=tiny_pair.encode_chat([REPEATING, "write a function that adds two numbers"]),
+                    max_new_tokens=48, engine_acceptance=None, engines={}, llama_cpp_mixed=mixed)
+    written = write_draft(job, tmp_path / "staging", tiny_pair.kind)
+    engine, command = written.engine, written.flags.llama_cpp
+    lookup = ["--spec-type", "ngram-map-k,draft-simple", "--spec-ngram-map-k-size-n", "3",
+              "--spec-ngram-map-k-size-m", "8"]
+    assert command[command.index("--spec-type"):command.index("--spec-type") + 6] == lookup
+    assert engine.lookup_arguments == lookup and engine.prompts == 2
+    # an f32 draft, greedy: the replay of the server's answers counts what the server counted
+    assert (engine.predicted_drafted, engine.predicted_accepted) == (engine.drafted, engine.accepted)
+    assert 0 < engine.predicted_lookup_rounds < engine.predicted_rounds
+    assert EngineCheck.from_json(json.loads(json.dumps(engine.to_json()))) == engine
+    # the card names the list it serves with and the check's counters beside the prediction
+    evaluated = EvalResult(draft_fingerprint="d", prompts=4, gamma=3, before=AcceptanceFigures(gamma=3),
+                           after=AcceptanceFigures(gamma=3), step_costs=None, recommended_gamma=None, speed=None,
+                           llama_cpp_mixed=mixed)
+    result = ExportResult("d", str(tmp_path / "export"), 3, True, written.flags, {ENGINE_CHECK: engine.to_json()})
+    config = {"domain": {"name": "code", "source": "shipped", "path": None}, "generate": {"max_new_tokens": 48},
+              "method": {"name": "distill", "loss": "kl", "lr": 1e-4}, "pair": {"target": {"path": "tiny-random"}}}
+    card = model_card(ExportRecord(result=result, worth_serving=True, step_costs=None, **vars(written.record)),
+                      tiny_pair.kind, DraftRecords("d", evaluated, None, None), config)
+    assert ("The command drafts with llama.cpp's n-gram lookup first, `--spec-type ngram-map-k,draft-simple` with n 3 "
+            "and m 8 (llama.cpp's defaults)" in card)
+    assert (f"Served by llama-server at export with `{' '.join(lookup)}`, greedy, on 2 prompts: alpha = "
+            f"accepted/drafted {engine.alpha:.3f} ({engine.accepted}/{engine.drafted}); the rounds replayed on its "
+            f"answers predicted {engine.accepted}/{engine.drafted}, the lookup drafting "
+            f"{engine.predicted_lookup_rounds} of {engine.predicted_rounds} rounds." in card)

@@ -41,6 +41,7 @@ from distill.losses import LOSSES
 from distill.magpie import check_magpie_settings, magpie_domain_prompts
 from distill.answers_from_server import answer_source
 from distill.stage import target_answers
+from eval.llama_cpp_mixed import answers_on_disk
 from eval.stage import run_eval
 from train.config import STAGES, TrainConfig, as_dict
 from train.stage import run_train
@@ -229,8 +230,11 @@ def train_stage(ctx: RunContext, config: TrainConfig, artifacts: StageArtifacts)
 
 
 def eval_stage(ctx: RunContext, config: TrainConfig, artifacts: StageArtifacts) -> EvalResult:
-    return run_eval(ctx, config.eval, config.decode, heldout_prompt_ids(ctx, config, artifacts),
-                    ctx.draft_fingerprint())
+    fingerprint = ctx.draft_fingerprint()
+    generated = artifacts.draft_records(fingerprint).generated
+    validation = answers_on_disk(generated.validation_data, config.generate.max_new_tokens) if generated else None
+    return run_eval(ctx, config.eval, config.decode, heldout_prompt_ids(ctx, config, artifacts), fingerprint,
+                    validation)
 
 
 def export_stage(ctx: RunContext, config: TrainConfig, artifacts: StageArtifacts) -> ExportResult | None:

@@ -12,8 +12,8 @@ import yaml
 from decode.engine_rules import ENGINE_NAMES
 from decode.export.export_record import ExportRecord
 from decode.redact import redact_argument, scrub_secrets
-from decode.figures import (AcceptanceFigures, EngineCheck, EngineFigures, MixedFigures, VllmCheck, format_figure,
-                            format_interval)
+from decode.figures import (AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, MixedFigures, VllmCheck,
+                            format_figure, format_interval)
 from decode.stage_results import DraftRecords, EvalResult
 
 
@@ -51,6 +51,7 @@ def model_card(record: ExportRecord, kind, draft: DraftRecords, config: dict) ->
         lines += ["SGLang:", "", "```", _command(flags.sglang), "```", ""]
     if flags.llama_cpp is not None:
         lines += ["llama.cpp:", "", "```", _command(flags.llama_cpp), "```", ""]
+        lines += _lookup_lines(evaluated.llama_cpp_mixed if evaluated else None, flags)
         lines += _engine_lines(record.result.engine_check)
     lines += kind.card_notes(record)
     command_line = _command(redact_argument(argument) for argument in sys.argv)
@@ -116,13 +117,43 @@ def engine_line(figures: EngineFigures) -> str:
 
 
 def mixed_line(figures: MixedFigures) -> str:
-    """llama.cpp's lookup-then-draft rule as the card and the summary print it."""
+    """llama.cpp's lookup-then-draft rule as the summary prints it."""
+    export = "the export runs it" if figures.pays else "not above 1: the export runs the draft model alone"
     return (f"llama.cpp with its n-gram lookup first (--spec-type {figures.spec_type}, n {figures.size_n}, "
-            f"m {figures.size_m}; the held-out answers replayed): accepted/drafted {format_figure(figures.alpha)}"
-            f"{format_interval(figures.alpha_interval)}, the lookup drafted {figures.lookup_rounds} of "
-            f"{figures.rounds} rounds; {format_figure(figures.tokens_per_forward, '.2f')} tokens per target forward "
-            f"against {format_figure(figures.alone_tokens_per_forward, '.2f')} with the draft model by itself "
-            f"({format_figure(figures.gain, '.3f')}x{format_interval(figures.gain_interval)})")
+            f"m {figures.size_m}, {lookup_choice(figures)}; the held-out answers replayed): accepted/drafted "
+            f"{format_figure(figures.alpha)}{format_interval(figures.alpha_interval)}, the lookup drafted "
+            f"{figures.lookup_rounds} of {figures.rounds} rounds; {_forwards(figures)} ({_gain(figures)}); {export}")
+
+
+def lookup_choice(figures: MixedFigures) -> str:
+    """How the lookup and its sizes were chosen."""
+    if figures.validation_prompts:
+        return (f"the best of {figures.settings_tried} on {figures.validation_prompts} validation answers: "
+                f"{format_figure(figures.validation_tokens_per_forward, '.2f')} tokens per target forward there "
+                f"against {format_figure(figures.validation_alone_tokens_per_forward, '.2f')} with the draft alone")
+    return "llama.cpp's defaults" + (f", {figures.defaults_because}" if figures.defaults_because else "")
+
+
+def _forwards(figures: MixedFigures) -> str:
+    return (f"{format_figure(figures.tokens_per_forward, '.2f')} tokens per target forward against "
+            f"{format_figure(figures.alone_tokens_per_forward, '.2f')} with the draft model by itself")
+
+
+def _gain(figures: MixedFigures) -> str:
+    return f"{format_figure(figures.gain, '.3f')}x{format_interval(figures.gain_interval)}"
+
+
+def _lookup_lines(figures: MixedFigures | None, flags: EngineCommands) -> list[str]:
+    """Whether llama_cpp.sh drafts with the lookup first, and why."""
+    if figures is None:
+        return []
+    setting = (f"`--spec-type {figures.spec_type}` with n {figures.size_n} and m {figures.size_m} "
+               f"({lookup_choice(figures)})")
+    held_out = f"on the held-out answers replayed, {_forwards(figures)}: {_gain(figures)}"
+    if "," in flags.llama_cpp_spec_type:
+        return [f"The command drafts with llama.cpp's n-gram lookup first, {setting}; {held_out}, above 1.", ""]
+    return [f"The command runs the draft model alone: llama.cpp's n-gram lookup first, {setting}, gave {held_out}, "
+            f"an interval not above 1.", ""]
 
 
 def _acceptance(figures: AcceptanceFigures) -> str:
@@ -140,8 +171,15 @@ def _engine_lines(engine: EngineCheck | None) -> list[str]:
         return []
     if engine.skipped is not None:
         return [f"Not served by llama-server at export ({engine.skipped}).", ""]
-    served = (f"Served by llama-server at export, greedy, on {engine.prompts} prompts: alpha = accepted/drafted "
-              f"{engine.alpha:.3f} ({engine.accepted}/{engine.drafted}).")
+    lookup = engine.lookup_arguments
+    served = (f"Served by llama-server at export{f' with `{shlex.join(lookup)}`' if lookup else ''}, greedy, on "
+              f"{engine.prompts} prompts: alpha = accepted/drafted {engine.alpha:.3f} "
+              f"({engine.accepted}/{engine.drafted})")
+    if lookup:
+        served += (f"; the rounds replayed on its answers predicted {engine.predicted_accepted}/"
+                   f"{engine.predicted_drafted}, the lookup drafting {engine.predicted_lookup_rounds} of "
+                   f"{engine.predicted_rounds} rounds")
+    served += "."
     if not engine.has_step_costs:  # an EAGLE-3 draft: llama-bench cannot time it
         return [served, ""]
     gamma = engine.gamma

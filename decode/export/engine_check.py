@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
+from typing import Callable
 
 from decode.engine_rules import ENGINE_NAMES, llama_cpp_figures
 from decode.errors import ExportMismatch
 from decode.figures import AcceptanceFigures, EngineCheck, EngineFigures
+from decode.llama_cpp_mixed import MixedCounts
 from decode.serving.engine_costs import measure_engine_costs
 from decode.serving.llama_server import LlamaServer, ServerError, ServerSpec, find_binary
 
 log = logging.getLogger(__name__)
 
 
+# predict(prompts, answers) -> what llama-server with spec.lookup first counts answering the prompts so, in order
+Prediction = Callable[[list[list[int]], list[list[int]]], MixedCounts]
+
+
 def engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path,
-                 acceptance: AcceptanceFigures | None) -> EngineCheck:
+                 acceptance: AcceptanceFigures | None, predict: Prediction | None = None) -> EngineCheck:
     """draft.gguf served by llama-server next to the target, greedy: it must load and draft. Skipped (and said so)
     when llama-server is not installed; the export fails when the engine refuses the draft or drafts nothing.
+    With an n-gram lookup first (spec.lookup), `predict` replays the server's own answers: the counters it should
+    report, beside the ones it did.
 
     Then llama-bench measures the engine's own step costs (c, v(gamma)), and with the eval's figures of the draft
     under llama.cpp's drafting rule (decode/engine_rules.py; else the engine's alpha here) they give the gamma and
@@ -25,7 +33,7 @@ def engine_check(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: 
     missing = missing_server(spec)
     if missing:
         return EngineCheck(skipped=missing)
-    served = served_draft_counts(spec, prompt_ids, max_new_tokens, log_path)
+    served = served_draft_counts(spec, prompt_ids, max_new_tokens, log_path, predict)
     costs = measure_engine_costs(find_binary(spec.binary), spec.target_gguf, spec.draft_gguf, spec.threads)
     figures = None if acceptance is None else llama_cpp_figures(acceptance, costs.draft_cost_ratio,
                                                                 costs.verify_cost_ratios(), "llama.cpp")
@@ -52,10 +60,12 @@ def missing_server(spec: ServerSpec) -> str | None:
     return None
 
 
-def served_draft_counts(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int,
-                        log_path: Path) -> EngineCheck:
-    """The prompts served with the draft: what it drafted and the target accepted; ExportMismatch when the
-    server refuses the draft or drafts nothing."""
+def served_draft_counts(spec: ServerSpec, prompt_ids: list[list[int]], max_new_tokens: int, log_path: Path,
+                        predict: Prediction | None = None) -> EngineCheck:
+    """The prompts served with the draft: what it drafted and the target accepted, and with a lookup first what
+    `predict` says it should have; ExportMismatch when the server refuses the draft or drafts nothing."""
+    if spec.lookup is not None and predict is None:
+        raise ValueError("a check of llama-server with a lookup first needs the prediction to compare with")
     try:
         with LlamaServer(spec, log_path) as server:
             replies = [server.complete(ids, max_new_tokens) for ids in prompt_ids]
@@ -65,7 +75,18 @@ def served_draft_counts(spec: ServerSpec, prompt_ids: list[list[int]], max_new_t
     if drafted == 0:
         raise ExportMismatch(f"llama-server loaded the exported draft but drafted nothing (see {log_path}): "
                              f"nothing was published")
-    return EngineCheck(prompts=len(replies), drafted=drafted, accepted=accepted, alpha=accepted / drafted)
+    check = EngineCheck(prompts=len(replies), drafted=drafted, accepted=accepted, alpha=accepted / drafted)
+    if spec.lookup is not None:
+        predicted = predict(prompt_ids, [reply.tokens for reply in replies])
+        check.lookup_arguments = spec.drafting_arguments()
+        check.predicted_drafted, check.predicted_accepted = predicted.draft_n, predicted.draft_n_accepted
+        check.predicted_lookup_rounds = predicted.lookup_rounds
+        check.predicted_rounds = predicted.lookup_rounds + predicted.model_rounds
+        if (predicted.draft_n, predicted.draft_n_accepted) != (drafted, accepted):
+            log.warning("llama-server with %s counted %d accepted of %d drafted; the replay of its answers "
+                        "predicted %d of %d", " ".join(check.lookup_arguments), accepted, drafted,
+                        predicted.draft_n_accepted, predicted.draft_n)
+    return check
 
 
 def engine_warning(engine: EngineCheck) -> str | None:

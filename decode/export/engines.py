@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from decode.figures import EngineCommands
+from decode.llama_cpp_lookup import LookupSetting, spec_type_arguments
 
 
 @dataclass
@@ -40,13 +41,14 @@ def sglang_args(target: ServingTarget, algorithm: str, draft: Path, gamma: int) 
             "--speculative-num-draft-tokens", str(gamma + 1)]
 
 
-def llama_cpp_args(target: ServingTarget, draft_gguf: Path, spec_type: str, gamma: int,
-                   p_min: float = 0.0) -> list[str]:
-    """p_min: drafting stops at the first position whose draft confidence is under it (0: never)."""
+def llama_cpp_args(target: ServingTarget, draft_gguf: Path, spec_type: str, gamma: int, p_min: float = 0.0,
+                   lookup: LookupSetting | None = None) -> list[str]:
+    """p_min: drafting stops at the first position whose draft confidence is under it (0: never); lookup: an
+    n-gram lookup that drafts first, the draft model only where it finds nothing."""
     # current llama-server names (the older --draft-max/--draft-min are refused as removed)
     return ["llama-server", "-m", target.gguf_path or "<target>.gguf", "-md", str(draft_gguf), "--host", "127.0.0.1",
-            "--spec-type", spec_type, "--spec-draft-n-max", str(gamma), "--spec-draft-p-min", f"{p_min:g}",
-            "--metrics"]
+            *spec_type_arguments(spec_type, lookup), "--spec-draft-n-max", str(gamma), "--spec-draft-p-min",
+            f"{p_min:g}", "--metrics"]
 
 
 def write_serving_files(directory: Path, commands: EngineCommands, warning: str | None = None,

@@ -12,7 +12,8 @@ from decode.export.engines import ServingTarget
 from decode.export.formats import check_tokenizer
 from decode.models import ModelSpec
 from decode.export.export_record import DraftRecord
-from decode.figures import AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures
+from decode.figures import AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, MixedFigures
+from decode.llama_cpp_lookup import LookupSetting
 
 
 @dataclass
@@ -31,6 +32,14 @@ class ExportJob:
     max_new_tokens: int
     engine_acceptance: AcceptanceFigures | None  # the eval's of the draft alone, for llama.cpp's gamma and p_min
     engines: dict[str, EngineFigures]  # the eval's per engine (empty without an eval)
+    llama_cpp_mixed: MixedFigures | None  # the eval's replay of llama.cpp's lookup before the draft (None: none)
+
+    @property
+    def llama_cpp_lookup(self) -> LookupSetting | None:
+        """The n-gram lookup llama.cpp runs before the draft: the eval's choice where it saved target forwards on
+        the held-out answers beyond doubt, else none."""
+        mixed = self.llama_cpp_mixed
+        return mixed.lookup if mixed is not None and mixed.pays else None
 
     def llama_cpp_settings(self, engine: EngineCheck | None) -> tuple[int, float]:
         """(gamma, --spec-draft-p-min) for llama.cpp: from its own step costs where the engine check measured them,

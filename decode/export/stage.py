@@ -130,7 +130,8 @@ def run_export(ctx: RunContext, settings: ExportConfig, decode: DecodeConfig, ve
                     target_gguf, gamma=(evaluated.engine_gamma("vllm") if evaluated else None) or decode.gamma,
                     verify_ids=verify_prompt_ids[: settings.verify_prompts], max_new_tokens=verify_max_new_tokens,
                     engine_acceptance=evaluated.engine_acceptance if evaluated else None,
-                    engines=evaluated.engines if evaluated else {})
+                    engines=evaluated.engines if evaluated else {},
+                    llama_cpp_mixed=evaluated.llama_cpp_mixed if evaluated else None)
     kind = kind_for(draft_spec)
     found = identity(destination)
 

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Optional
 
 from decode.cost_model import DEFAULT_GAMMA
+from decode.llama_cpp_lookup import LookupSetting, spec_type_arguments
 from decode.serving.process import ServerError, ServerProcess, free_port
 
 __all__ = ["AS_DECODE_SAMPLES", "Completion", "LlamaServer", "ServerError", "ServerSpec", "find_binary", "free_port"]
@@ -50,14 +51,20 @@ class ServerSpec:
     # --spec-type: how llama-server drafts with draft_gguf; None: as the file's architecture needs
     spec_type: Optional[str] = None
     parallel: int = 1  # -np: slots serving requests at once (they share ctx_size)
+    lookup: Optional[LookupSetting] = None  # an n-gram lookup drafting before the draft model
 
     def arguments(self, binary: str, port: int) -> list[str]:
         args = [binary, "-m", self.target_gguf, "--host", "127.0.0.1", "--port", str(port), "--metrics",
                 "-t", str(self.threads), "-c", str(self.ctx_size), "-np", str(self.parallel), "--no-webui"]
         if self.draft_gguf:
-            args += ["-md", self.draft_gguf, "--spec-type", self.spec_type or draft_spec_type(self.draft_gguf),
+            args += ["-md", self.draft_gguf, *self.drafting_arguments(),
                      "--spec-draft-n-max", str(self.gamma), "--spec-draft-p-min", "0", "-td", str(self.threads)]
         return args
+
+    def drafting_arguments(self) -> list[str]:
+        """How llama-server drafts with draft_gguf: its --spec-type, after the lookup's (and its sizes) where one
+        drafts first."""
+        return spec_type_arguments(self.spec_type or draft_spec_type(self.draft_gguf), self.lookup)
 
 
 def draft_spec_type(draft_gguf: str) -> str:

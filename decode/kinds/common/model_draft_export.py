@@ -19,6 +19,8 @@ from decode.export.job import ExportJob, RoundTrip, WrittenDraft, save_target_to
 from decode.export.export_record import DraftRecord
 from decode.models import ModelSpec, load_model
 from decode.figures import EngineCommands
+from decode.llama_cpp_lookup import LookupSetting
+from decode.llama_cpp_mixed import MixedCounts, served_counts
 from decode.sampling import SamplingParams
 from decode.serving.llama_server import DRAFT_SPEC_TYPE, ServerSpec
 
@@ -54,28 +56,42 @@ def write_draft(job: ExportJob, staging: Path, kind) -> WrittenDraft:
         checks = round_trip(ctx, draft_spec, staging / "draft", gguf_path, job.decode, job.verify_ids,
                             job.max_new_tokens, settings.gguf_type, kind.config_fields)
         if gguf_path is not None and job.target_gguf is not None and settings.engine_check:
-            engine = engine_check(ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma),
-                                  job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log",
-                                  job.engine_acceptance)
+            spec = ServerSpec(str(job.target_gguf), str(gguf_path), gamma=job.decode.gamma,
+                              lookup=job.llama_cpp_lookup)
+            engine = engine_check(spec, job.verify_ids, job.max_new_tokens, ctx.run_dir / "engine_check.log",
+                                  job.engine_acceptance, lambda prompts, answers: stored_draft_counts(
+                                      job, spec, prompts, answers))
     llama_cpp_gamma, llama_cpp_p_min = job.llama_cpp_settings(engine)
     flags = serving_flags(job.target, job.destination / "draft", job.destination / "draft.gguf" if gguf_path else None,
-                          job.gamma, llama_cpp_gamma, llama_cpp_p_min, kind.vllm_options)
+                          job.gamma, llama_cpp_gamma, llama_cpp_p_min, kind.vllm_options, job.llama_cpp_lookup)
     files = {"vllm": "draft", "sglang": "draft", **({"llama_cpp": "draft.gguf"} if gguf_path else {})}
     return WrittenDraft(flags, checks, DraftRecord(draft_kind=kind.name, draft_vocab_size=len(kept) if kept else None,
                                                    files=files), engine)
 
 
+def stored_draft_counts(job: ExportJob, spec: ServerSpec, prompts: list[list[int]],
+                        answers: list[list[int]]) -> MixedCounts:
+    """What llama-server serving `spec` should count answering the prompts so: the rounds replayed with the trained
+    draft rounded as its GGUF stores it."""
+    draft = rounded_as_written(load_model(job.draft_spec), job.settings.gguf_type)
+    decoder = job.ctx.pair.decoder(draft)
+    return served_counts(decoder.new_drafter(decoder.draft), prompts, answers, job.max_new_tokens, spec.gamma,
+                         spec.lookup, job.ctx.pair.eos_token_ids)
+
+
 def serving_flags(target: ServingTarget, draft_dir: Path, draft_gguf: Path | None, gamma: int,
                   llama_cpp_gamma: int | None = None, llama_cpp_p_min: float = 0.0,
-                  vllm_options: dict | None = None) -> EngineCommands:
+                  vllm_options: dict | None = None, llama_cpp_lookup: LookupSetting | None = None) -> EngineCommands:
     """The engines' commands for a draft model of its own; llama_cpp_gamma and llama_cpp_p_min: what llama.cpp's
-    drafting rule calls for (None: gamma); vllm_options: the further --speculative-config entries its kind asks for."""
+    drafting rule calls for (None: gamma); vllm_options: the further --speculative-config entries its kind asks for;
+    llama_cpp_lookup: the n-gram lookup llama.cpp runs before the draft (None: the draft alone)."""
     vllm_config = draft_model_config(str(draft_dir), gamma, vllm_options or {})
     return EngineCommands(
         vllm_speculative_config=vllm_config, vllm=vllm_args(target, vllm_config),
         sglang=sglang_args(target, "STANDALONE", draft_dir, gamma),
         llama_cpp=None if draft_gguf is None else llama_cpp_args(target, draft_gguf, DRAFT_SPEC_TYPE,
-                                                                 llama_cpp_gamma or gamma, llama_cpp_p_min))
+                                                                 llama_cpp_gamma or gamma, llama_cpp_p_min,
+                                                                 llama_cpp_lookup))
 
 
 def draft_model_config(draft_dir: str, gamma: int, options: dict) -> dict:
