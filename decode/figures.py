@@ -163,10 +163,13 @@ class EngineFigures:
 class MixedFigures:
     """llama-server with an n-gram lookup before the draft (`--spec-type <lookup>,<the draft's type>`), its rounds
     replayed over the held-out answers (decode/llama_cpp_mixed.py), beside the draft alone on the same answers.
-    Tokens per target forward count what a request's verifies and plain steps yield (a verify of more tokens
-    costs more); `gain` is the mixed rule's over the draft alone, paired by prompt. The lookup and its sizes are
-    the ones with the most tokens per target forward on the validation answers (`validation_*`), or llama.cpp's
-    defaults where there were none (`defaults_because` says why)."""
+
+    The rounds are priced in the step costs named in `step_costs` (decode/llama_cpp_round_costs.py: c, the v(k)
+    measured and v's slope past them): predicted AR steps per generated token, and `speed_ratio`, the draft
+    alone's over the mixed rule's, paired by prompt. Tokens per target forward count the forwards whatever they
+    verified; `gain` is their ratio. The lookup and its sizes are the ones with the fewest predicted steps per
+    token on the validation answers (`validation_*`), or llama.cpp's defaults where there were none
+    (`defaults_because` says why). Without step costs (step_costs None) the forwards alone choose and decide."""
 
     spec_type: str
     size_n: int  # --spec-<lookup>-size-n
@@ -184,10 +187,20 @@ class MixedFigures:
     alone_tokens_per_forward: Optional[float] = None
     gain: Optional[float] = None
     gain_interval: Optional[list[float]] = None
+    step_costs: Optional[str] = None  # whose priced the rounds: decoder (timed in the eval) | llama.cpp
+    draft_cost: Optional[float] = None  # c
+    verify_costs: Optional[dict[int, float]] = None  # v(k) for each k measured
+    verify_slope: Optional[float] = None  # v's growth a drafted token past the largest k measured
+    steps_per_token: Optional[float] = None  # predicted AR steps per generated token after the prefill
+    alone_steps_per_token: Optional[float] = None
+    speed_ratio: Optional[float] = None  # alone_steps_per_token / steps_per_token
+    speed_ratio_interval: Optional[list[float]] = None
     validation_prompts: int = 0  # the answers the setting was chosen on
     settings_tried: int = 0
     validation_tokens_per_forward: Optional[float] = None  # the chosen setting's there
     validation_alone_tokens_per_forward: Optional[float] = None
+    validation_steps_per_token: Optional[float] = None
+    validation_alone_steps_per_token: Optional[float] = None
     defaults_because: Optional[str] = None
 
     @property
@@ -196,16 +209,21 @@ class MixedFigures:
 
     @property
     def pays(self) -> bool:
-        """Whether the lookup first saves target forwards on the held-out answers beyond doubt: the gain's 95%
-        interval lies above 1."""
-        return self.gain_interval is not None and self.gain_interval[0] > 1.0
+        """Whether the lookup first is faster on the held-out answers beyond doubt: the speed ratio's 95% interval
+        lies above 1; without step costs, the forward gain's."""
+        interval = self.gain_interval if self.step_costs is None else self.speed_ratio_interval
+        return interval is not None and interval[0] > 1.0
 
     def to_json(self) -> dict:
-        return asdict(self)
+        data = asdict(self)
+        if self.verify_costs is not None:
+            data["verify_costs"] = _by_gamma_json(self.verify_costs)
+        return data
 
     @classmethod
     def from_json(cls, data: dict) -> MixedFigures:
-        return cls(**_known(cls, data))
+        known = _known(cls, data)
+        return cls(**{**known, "verify_costs": _by_gamma(known.get("verify_costs"))})
 
 
 @dataclass(kw_only=True)

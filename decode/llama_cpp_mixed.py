@@ -18,7 +18,8 @@ prompt and answer (draft_along) gives those tokens and confidences for every loo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import torch
@@ -31,10 +32,13 @@ from decode.llama_cpp_lookup import Lookup, LookupSetting, NgramMapK
 @dataclass
 class MixedCounts:
     """One request's rounds under the mixed rule; the server's counters are draft_n = lookup_drafted +
-    model_drafted and draft_n_accepted = lookup_accepted + model_accepted."""
+    model_drafted and draft_n_accepted = lookup_accepted + model_accepted. What the rounds cost: each target forward
+    by the tokens it verified (forwards_by_drafted), and the draft model's forwards (draft_steps)."""
 
     tokens: int = 0  # the answer's
     target_forwards: int = 0  # after the prefill: verifies and plain one-token steps
+    forwards_by_drafted: Counter[int] = field(default_factory=Counter)  # drafted tokens verified -> forwards (0: plain)
+    draft_steps: int = 0  # the draft model's forwards: a lookup's round runs none
     lookup_rounds: int = 0
     lookup_drafted: int = 0
     lookup_accepted: int = 0
@@ -90,10 +94,13 @@ def replay(prompt: Sequence[int], answer: Sequence[int], draft_argmax: Sequence[
         drafted = table.draft(history, answer[emitted - 1])[:max(cap, 0)] if table is not None and cap > 0 else []
         by_lookup = bool(drafted)
         if not drafted and cap > 0:
-            drafted = _model_draft(history, answer, draft_argmax, draft_confidence, emitted,
-                                   min(draft_n_max, cap), p_min, off_path)
+            most = min(draft_n_max, cap)
+            drafted = _model_draft(history, answer, draft_argmax, draft_confidence, emitted, most, p_min, off_path)
+            # one forward a drafted token; where p-min stopped the draft, one more gave the token it refused
+            counts.draft_steps += min(len(drafted) + 1, most)
         accepted = _matched(drafted, answer, emitted, eos_token_ids)
         counts.target_forwards += 1
+        counts.forwards_by_drafted[len(drafted)] += 1
         if by_lookup:
             counts.lookup_rounds += 1
             counts.lookup_drafted += len(drafted)

@@ -2,10 +2,13 @@
 (`--spec-type ngram-map-k,draft-simple` or `ngram-simple,draft-simple`), replayed round by round
 (decode/llama_cpp_mixed.py) beside the draft alone on the same answers.
 
-The lookup and its sizes are chosen on the validation answers (prompts of templates the draft never trained on, the
-target's own samples): the setting of LOOKUP_GRID with the most tokens per target forward there. Only that setting
-is replayed on the held-out answers, whose figures are then a fair measure of it. Without validation answers (a
-train-only run) llama.cpp's defaults are replayed.
+The rounds are priced in measured step costs (decode/llama_cpp_round_costs.py): a verify costs more the more
+tokens it verifies, and a lookup drafts up to its size m whatever --spec-draft-n-max says, so a setting can save
+target forwards and still take longer. The lookup and its sizes are chosen on the validation answers (prompts of
+templates the draft never trained on, the target's own samples): the setting of LOOKUP_GRID with the fewest
+predicted steps per token there (without step costs: the fewest target forwards). Only that setting is replayed on
+the held-out answers, whose figures are then a fair measure of it. Without validation answers (a train-only run)
+llama.cpp's defaults are replayed.
 
 The held-out answers are the trained draft's speculative decodes, which are exact samples of the target: the replay
 needs the target's tokens and, at each of them, the draft's greedy token and llama.cpp's confidence in it, which
@@ -25,6 +28,7 @@ from decode.drafting import Drafter
 from decode.figures import MixedFigures
 from decode.llama_cpp_lookup import LLAMA_CPP_DEFAULT, LookupSetting
 from decode.llama_cpp_mixed import MixedCounts, draft_along, replay
+from decode.llama_cpp_round_costs import RoundCosts
 from eval.bootstrap import BOOTSTRAP_SAMPLES, bootstrap_interval, ratio_of_rates, ratio_of_sums
 
 log = logging.getLogger(__name__)
@@ -92,15 +96,17 @@ class Replays:
         return [replay(**run, lookup=lookup.new if lookup else None) for run in self.runs]
 
 
-def choose_lookup(replays: Replays) -> tuple[LookupSetting, list[MixedCounts]]:
-    """The setting of LOOKUP_GRID with the fewest target forwards over the answers (the most tokens per forward:
-    the tokens are the same); ties go to the larger n, then to fewer lookup drafts, then to the smaller m."""
+def choose_lookup(replays: Replays, costs: RoundCosts | None) -> tuple[LookupSetting, list[MixedCounts]]:
+    """The setting of LOOKUP_GRID with the fewest AR steps over the answers as `costs` price their rounds (the
+    tokens are the same: the least time per token), or without costs the fewest target forwards; ties go to fewer
+    target forwards, then to the larger n, then to fewer lookup drafts, then to the smaller m."""
     tried = {setting: replays.counts(setting) for setting in LOOKUP_GRID}
 
     def preference(setting):
         counts = tried[setting]
-        return (-sum(c.target_forwards for c in counts), setting.size_n, -sum(c.lookup_rounds for c in counts),
-                -setting.size_m)
+        steps = sum(map(costs.request_cost, counts)) if costs is not None else 0.0
+        return (-steps, -sum(c.target_forwards for c in counts), setting.size_n,
+                -sum(c.lookup_rounds for c in counts), -setting.size_m)
 
     best = max(LOOKUP_GRID, key=preference)
     return best, tried[best]
@@ -111,19 +117,28 @@ def tokens_per_forward(counts: list[MixedCounts]) -> float | None:
     return sum(c.decoded for c in counts) / forwards if forwards else None
 
 
+def steps_per_token(counts: list[MixedCounts], costs: RoundCosts | None) -> float | None:
+    """Predicted AR steps per token after the prefills; None without costs or tokens."""
+    decoded = sum(c.decoded for c in counts)
+    return sum(map(costs.request_cost, counts)) / decoded if costs is not None and decoded else None
+
+
 def mixed_figures(drafter: Drafter, draft_spec_type: str, heldout: Answers, validation: Answers | None, gamma: int,
-                  p_min: float, eos_token_ids: list[int], seed: int = 0,
+                  p_min: float, eos_token_ids: list[int], costs: RoundCosts | None = None, seed: int = 0,
                   samples: int = BOOTSTRAP_SAMPLES) -> MixedFigures:
     """The lookup chosen on `validation` (llama.cpp's defaults where None), replayed on `heldout` beside the draft
-    alone, at llama.cpp's gamma and p-min."""
+    alone, at llama.cpp's gamma and p-min, the rounds priced in `costs` (None: none measured, forwards counted)."""
     chosen = {"defaults_because": NO_VALIDATION}
     lookup = LLAMA_CPP_DEFAULT
     if validation is not None and validation.answers:
         on_validation = Replays(drafter, validation, gamma, p_min, eos_token_ids)
-        lookup, counts = choose_lookup(on_validation)
+        lookup, counts = choose_lookup(on_validation, costs)
+        alone = on_validation.counts(None)
         chosen = dict(validation_prompts=len(validation.answers), settings_tried=len(LOOKUP_GRID),
                       validation_tokens_per_forward=tokens_per_forward(counts),
-                      validation_alone_tokens_per_forward=tokens_per_forward(on_validation.counts(None)))
+                      validation_alone_tokens_per_forward=tokens_per_forward(alone),
+                      validation_steps_per_token=steps_per_token(counts, costs),
+                      validation_alone_steps_per_token=steps_per_token(alone, costs))
     on_heldout = Replays(drafter, heldout, gamma, p_min, eos_token_ids)
     mixed, alone = on_heldout.counts(lookup), on_heldout.counts(None)
     total = sum(mixed, MixedCounts())
@@ -138,4 +153,18 @@ def mixed_figures(drafter: Drafter, draft_spec_type: str, heldout: Answers, vali
         alpha_interval=bootstrap_interval(per_prompt[:, :2], ratio_of_sums, samples, seed),
         tokens_per_forward=tokens_per_forward(mixed), alone_tokens_per_forward=tokens_per_forward(alone),
         gain=alone_forwards / forwards if forwards else None,
-        gain_interval=bootstrap_interval(per_prompt[:, 2:], ratio_of_rates, samples, seed), **chosen)
+        gain_interval=bootstrap_interval(per_prompt[:, 2:], ratio_of_rates, samples, seed),
+        **(priced(mixed, alone, costs, samples, seed) if costs is not None else {}), **chosen)
+
+
+def priced(mixed: list[MixedCounts], alone: list[MixedCounts], costs: RoundCosts, samples: int, seed: int) -> dict:
+    """MixedFigures' entries of the step costs and what they predict: steps per token with the lookup first and
+    with the draft alone, and the speed ratio with its interval over prompts."""
+    per_prompt = np.array([[m.decoded, costs.request_cost(m), a.decoded, costs.request_cost(a)]
+                           for m, a in zip(mixed, alone)], dtype=float)
+    tokens, steps, _, alone_steps = per_prompt.sum(0).tolist()
+    return dict(step_costs=costs.source, draft_cost=costs.draft_step, verify_costs=dict(costs.verify),
+                verify_slope=costs.verify_slope, steps_per_token=steps / tokens if tokens else None,
+                alone_steps_per_token=alone_steps / tokens if tokens else None,
+                speed_ratio=alone_steps / steps if steps else None,
+                speed_ratio_interval=bootstrap_interval(per_prompt, ratio_of_rates, samples, seed))

@@ -8,9 +8,10 @@ first eval.speed_prompts prompts one request at a time, speculative and AR inter
 costs predict. With context copies on (decode.copy_ngram), the trained draft is measured once more without them:
 that is what the engines serve. Each engine's figures (decode/engine_rules.py) come from its own drafting rule's
 acceptance in the same decodes (decode/acceptance_rules.py) and the decoder's step costs; llama.cpp's lookup
-before the draft, chosen on the validation answers, is replayed on the trained draft's answers
-(eval/llama_cpp_mixed.py). The untrained draft is measured once per run directory (eval_before.json) and reused
-while the prompts and settings are the same; everything else goes into the stage's record (results/eval.json).
+before the draft, chosen on the validation answers by the time those step costs predict, is replayed on the
+trained draft's answers (eval/llama_cpp_mixed.py). The untrained draft is measured once per run directory
+(eval_before.json) and reused while the prompts and settings are the same; everything else goes into the stage's
+record (results/eval.json).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from decode.context import RunContext
 from decode.engine_rules import engine_figures
 from decode.files import write_json
 from decode.figures import AcceptanceFigures, MixedFigures
+from decode.llama_cpp_round_costs import RoundCosts
 from decode.serving.llama_server import DRAFT_SPEC_TYPE
 from decode.stage_results import EvalResult
 from decode.step_costs import measure_step_costs, text_of
@@ -89,7 +91,8 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
     ctx.tracker.log({"eval/alpha_before": before.alpha, "eval/alpha_after": after.alpha,
                      "eval/token_acceptance_after": after.token_acceptance,
                      **({"eval/token_acceptance_draft_alone": alone.token_acceptance} if alone else {}),
-                     **({"eval/llama_cpp_mixed_gain": result.llama_cpp_mixed.gain} if result.llama_cpp_mixed else {})},
+                     **({"eval/llama_cpp_mixed_speed_ratio": result.llama_cpp_mixed.speed_ratio,
+                         "eval/llama_cpp_mixed_gain": result.llama_cpp_mixed.gain} if result.llama_cpp_mixed else {})},
                     step=0)
     if not speed_prompt_ids or result.recommended_gamma is None:
         return result
@@ -107,13 +110,15 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
 def llama_cpp_mixed(ctx: RunContext, decoder, result: EvalResult, heldout: Answers,
                     validation: Answers | None) -> MixedFigures | None:
     """llama.cpp's lookup-then-draft rule, chosen on the validation answers, on the held-out answers, at the gamma
-    and p-min llama.cpp is told; None for a draft llama-server does not run as an ordinary draft model (a head
-    reading the target's states)."""
+    and p-min llama.cpp is told, its rounds priced in the step costs those were chosen with (the decoder's, timed
+    here); None for a draft llama-server does not run as an ordinary draft model (a head reading the target's
+    states)."""
     engine = result.engines.get("llama_cpp")
     if ctx.pair.kind.llama_cpp_spec_type != DRAFT_SPEC_TYPE or engine is None or engine.gamma is None:
         return None
+    costs = RoundCosts(engine.step_costs, result.step_costs.c, result.step_costs.v)
     return mixed_figures(decoder.new_drafter(decoder.draft), DRAFT_SPEC_TYPE, heldout, validation, engine.gamma,
-                         engine.p_min or 0.0, ctx.pair.eos_token_ids, ctx.seed)
+                         engine.p_min or 0.0, ctx.pair.eos_token_ids, costs, ctx.seed)
 
 
 def verdict(speed: AcceptanceFigures) -> str | None:

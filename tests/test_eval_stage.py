@@ -257,6 +257,12 @@ def test_the_eval_replays_llama_cpps_lookup_then_draft_rule_on_its_held_out_answ
     assert mixed.tokens_per_forward >= 1 and mixed.alone_tokens_per_forward >= 1
     low, high = mixed.gain_interval
     assert low <= mixed.gain <= high
+    # priced in the step costs llama.cpp's gamma was chosen with: the decoder's, timed in this eval
+    costs = result.step_costs
+    assert (mixed.step_costs, mixed.draft_cost, mixed.verify_costs) == ("decoder", costs.c, costs.v)
+    low, high = mixed.speed_ratio_interval
+    assert low <= mixed.speed_ratio <= high
+    assert mixed.speed_ratio == pytest.approx(mixed.alone_steps_per_token / mixed.steps_per_token)
     summary = format_summary(RunSummary(domain="d", method="m", run_dir=str(ctx.run_dir), eval=result), ctx.run_dir)
     assert f"--spec-type ngram-map-k,draft-simple, n 12, m 48, llama.cpp's defaults, {NO_VALIDATION}" in summary
     assert eval.stage.EvalResult.from_json(result.to_json()).llama_cpp_mixed == mixed
@@ -271,7 +277,9 @@ def test_the_eval_chooses_llama_cpps_lookup_on_the_validation_answers_it_is_give
     result = run_eval(ctx, settings, DecodeConfig(temperature=0.0, gamma=2), prompts, "draft", validation)
     mixed = result.llama_cpp_mixed
     assert (mixed.validation_prompts, mixed.settings_tried, mixed.defaults_because) == (2, len(LOOKUP_GRID), None)
-    assert mixed.size_n < 12 and mixed.validation_tokens_per_forward > mixed.validation_alone_tokens_per_forward
+    assert mixed.size_n < 12 and mixed.validation_steps_per_token < mixed.validation_alone_steps_per_token
     summary = format_summary(RunSummary(domain="d", method="m", run_dir=str(ctx.run_dir), eval=result), ctx.run_dir)
-    assert (f"--spec-type {mixed.spec_type}, n {mixed.size_n}, m {mixed.size_m}, the best of {len(LOOKUP_GRID)} on 2 "
-            f"validation answers: {mixed.validation_tokens_per_forward:.2f} tokens per target forward there") in summary
+    assert (f"--spec-type {mixed.spec_type}, n {mixed.size_n}, m {mixed.size_m}, the fastest of {len(LOOKUP_GRID)} "
+            f"on 2 validation answers: {mixed.validation_steps_per_token:.3f} target steps per token predicted there"
+            ) in summary
+    assert f"the held-out answers replayed): predicted {mixed.speed_ratio:.3f}x" in summary

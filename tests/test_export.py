@@ -362,7 +362,7 @@ def test_with_context_copies_the_engines_get_the_figures_of_the_draft_alone(tmp_
            f"{alone.token_acceptance:.3f}" in card
 
 
-def test_llama_cpp_sh_runs_the_lookup_chosen_on_validation_first_only_where_its_held_out_gain_is_above_1(tmp_path):
+def test_llama_cpp_sh_runs_the_lookup_chosen_on_validation_first_only_where_its_predicted_speed_is_above_1(tmp_path):
     from decode.figures import MixedFigures
 
     _, summary = export_run(tmp_path, ["generate", "train", "eval", "export"])
@@ -371,9 +371,12 @@ def test_llama_cpp_sh_runs_the_lookup_chosen_on_validation_first_only_where_its_
     record = tmp_path / "run" / "results" / "eval.json"
     evaluated = json.loads(record.read_text())
     script = tmp_path / "run" / "export" / "serving" / "llama_cpp.sh"
+    assert mixed.step_costs == "decoder"  # priced in the eval's step costs
+    # the target forwards saved beyond doubt either way: the predicted speed's interval decides
     for low, emitted in ((1.02, True), (0.98, False)):
         chosen = MixedFigures(**{**mixed.to_json(), "spec_type": "ngram-simple,draft-simple", "size_n": 3,
-                                 "size_m": 16, "gain": 1.1, "gain_interval": [low, 1.2]})
+                                 "size_m": 16, "gain": 1.3, "gain_interval": [1.2, 1.4], "speed_ratio": 1.1,
+                                 "speed_ratio_interval": [low, 1.2]})
         record.write_text(json.dumps({**evaluated, "llama_cpp_mixed": chosen.to_json()}))
         _, summary = export_run(tmp_path, ["export"])
         command = shlex.split(script.read_text().splitlines()[-1])
@@ -384,11 +387,15 @@ def test_llama_cpp_sh_runs_the_lookup_chosen_on_validation_first_only_where_its_
             assert command[command.index("--spec-ngram-simple-size-n") + 1] == "3"
             assert command[command.index("--spec-ngram-simple-size-m") + 1] == "16"
             assert ("The command drafts with llama.cpp's n-gram lookup first, `--spec-type ngram-simple,draft-simple` "
-                    f"with n 3 and m 16 (the best of {mixed.settings_tried} on {mixed.validation_prompts} validation "
-                    "answers" in card)
-            assert ": 1.100x [1.020, 1.200], above 1." in card
+                    f"with n 3 and m 16 (the fastest of {mixed.settings_tried} on {mixed.validation_prompts} "
+                    "validation answers" in card)
+            assert ("on the held-out answers replayed: predicted 1.100x [1.020, 1.200] the speed of the draft model "
+                    "by itself" in card)
+            assert "decoder step costs: draft c = " in card and "an interval above 1; " in card
         else:
             assert command[command.index("--spec-type") + 1] == "draft-simple"
             assert not any(argument.startswith("--spec-ngram") for argument in command)
-            assert "The command runs the draft model alone: llama.cpp's n-gram lookup first" in card
-            assert ": 1.100x [0.980, 1.200], an interval not above 1." in card
+            assert ("The command runs the draft model alone, not llama.cpp's n-gram lookup first, `--spec-type "
+                    "ngram-simple,draft-simple` with n 3 and m 16" in card)
+            assert "on the held-out answers replayed: predicted 1.100x [0.980, 1.200] the speed" in card
+            assert "an interval not above 1; " in card and "(1.300x [1.200, 1.400])." in card

@@ -89,6 +89,10 @@ def test_a_repeated_answer_is_drafted_by_the_lookup_and_the_model_fills_the_rest
     assert counts.draft_n == counts.lookup_drafted + counts.model_drafted
     # every round emits its accepted tokens and one of the target's own
     assert counts.target_forwards + counts.draft_n_accepted == len(answer) - 1
+    # each forward by the tokens it verified; at p-min 0 the model runs one forward a token it drafts, the lookup none
+    assert sum(counts.forwards_by_drafted.values()) == counts.target_forwards
+    assert sum(drafted * forwards for drafted, forwards in counts.forwards_by_drafted.items()) == counts.draft_n
+    assert counts.draft_steps == counts.model_drafted
 
 
 def test_p_min_stops_the_models_draft_and_off_path_decides_its_length_after_a_mismatch():
@@ -106,6 +110,8 @@ def test_p_min_stops_the_models_draft_and_off_path_decides_its_length_after_a_mi
                     off_path=off_path, lookup=None)
     # round 1 from answer[1]: 2 accepted, 0 drafted at answer[3] (mismatch at 2: off path asked for 1 more)
     assert lengths and counts.model_drafted < 3 * counts.model_rounds
+    # a draft p-min stopped ran one forward more than it kept: the one whose token it refused
+    assert counts.draft_steps > counts.model_drafted
 
 
 # ---- the replay against llama-server's loop, run directly on a toy target -------------------------------------
@@ -136,6 +142,7 @@ def _server_loop(prompt, max_new, draft_n_max, rng, lookup_type):
         by_lookup = bool(drafted)
         while not by_lookup and len(drafted) < min(draft_n_max, cap):
             token, confidence = _draft_step(context + drafted)
+            counts.draft_steps += 1
             if confidence < P_MIN:
                 break
             drafted.append(token)
@@ -182,7 +189,7 @@ def test_the_replay_counts_what_the_servers_loop_counts_in_distribution(lookup_t
     prompts = [[int(t) for t in rng.integers(0, VOCAB, size=int(rng.integers(12, 30)))] for _ in range(600)]
     direct = [_server_loop(prompt, 40, 3, rng, lookup_type)[1] for prompt in prompts]
     replayed = [_replayed(prompt, 40, 3, rng, lookup_type) for prompt in prompts]
-    for field in ("draft_n_accepted", "draft_n", "target_forwards", "lookup_rounds"):
+    for field in ("draft_n_accepted", "draft_n", "target_forwards", "lookup_rounds", "draft_steps"):
         values = [getattr(c, field) for c in direct] + [getattr(c, field) for c in replayed]
         if len(set(values)) == 1:
             continue
@@ -252,9 +259,9 @@ def test_the_lookup_is_chosen_on_the_validation_answers_even_where_the_held_out_
     heldout = Answers([span + [rng.randrange(10, 60) for _ in range(5)] for _ in range(3)], [span[:50]] * 3, 64)
     phrase = [rng.randrange(60, 120) for _ in range(5)]
     validation = Answers([[rng.randrange(10, 60) for _ in range(30)] for _ in range(3)], [phrase * 10] * 3, 64)
-    on_validation, _ = choose_lookup(Replays(drafter, validation, 2, 0.0, [0]))
+    on_validation, _ = choose_lookup(Replays(drafter, validation, 2, 0.0, [0]), None)
     heldout_replays = Replays(drafter, heldout, 2, 0.0, [0])
-    on_heldout, heldout_best = choose_lookup(heldout_replays)
+    on_heldout, heldout_best = choose_lookup(heldout_replays, None)
     figures = mixed_figures(drafter, "draft-simple", heldout, validation, 2, 0.0, [0])
     assert figures.lookup == on_validation != on_heldout
     assert figures.spec_type == f"{on_validation.spec_type},draft-simple"
@@ -308,3 +315,83 @@ def test_with_a_p_min_the_draft_is_run_on_past_a_mismatch_to_find_where_it_stops
     stopped = mixed_figures(drafter, "draft-simple", Answers(prompts, answers, 64), None, 3, p_min, [0])
     assert free.draft_n == 3 * free.rounds  # p-min 0: every round drafts gamma tokens
     assert 0 < stopped.draft_n < free.draft_n
+
+
+# ---- the rounds priced in step costs: time per token, not target forwards, chooses and decides -----------------
+
+def _cpu_like():
+    """A CPU's llama-server: a verify of k drafted tokens costs about k + 1 AR steps (llama-bench's v(1) is about 2)."""
+    from decode.llama_cpp_round_costs import RoundCosts
+
+    return RoundCosts("llama.cpp", 0.2, {k: 1 + 0.9 * k for k in range(1, 9)})
+
+
+def _gpu_like():
+    """A GPU's: a verify of a few tokens costs one AR step, whatever k."""
+    from decode.llama_cpp_round_costs import RoundCosts
+
+    return RoundCosts("llama.cpp", 0.05, {k: 1.0 for k in range(1, 9)})
+
+
+def _repeats_with_changes(rng, prompts, every):
+    """Answers that repeat a 60-token phrase of their prompt three times, each copy changed at one token in `every`:
+    a long lookup copies far past the next change, where its draft is rejected."""
+    from eval.llama_cpp_mixed import Answers
+
+    phrases = [[rng.randrange(60, 150) for _ in range(60)] for _ in range(prompts)]
+    answers = []
+    for phrase in phrases:
+        answer = []
+        for _ in range(3):
+            copy = list(phrase)
+            for position in range(rng.randrange(every), len(copy), every):
+                copy[position] = rng.randrange(150, 250)
+            answer += copy
+        answers.append(answer)
+    return Answers([[rng.randrange(10, 60) for _ in range(10)] + phrase for phrase in phrases], answers, 256)
+
+
+def test_with_verify_costs_growing_with_the_tokens_long_mostly_rejected_lookups_are_not_chosen_for_fewer_forwards(
+        tiny_pair):
+    from eval.llama_cpp_mixed import Replays, choose_lookup
+
+    drafter = tiny_pair.kind.drafter(tiny_pair.draft_runner())
+    replays = Replays(drafter, _repeats_with_changes(random.Random(3), 3, 20), 2, 0.0, [0])
+    cpu = _cpu_like()
+    by_forwards, forwards_counts = choose_lookup(replays, None)
+    by_time, time_counts = choose_lookup(replays, cpu)
+    forwards_total, time_total = sum(forwards_counts, MixedCounts()), sum(time_counts, MixedCounts())
+    # the forwards' choice drafts long lookups, most of their tokens rejected, and saves target forwards by them
+    assert by_forwards.size_m > by_time.size_m
+    assert forwards_total.lookup_accepted < forwards_total.lookup_drafted / 2
+    assert forwards_total.target_forwards < time_total.target_forwards
+    # ... and costs more: a verify of many tokens costs many steps on this engine
+    assert cpu.request_cost(time_total) < cpu.request_cost(forwards_total)
+    # where a verify costs one step whatever it verifies, time and forwards choose alike
+    assert choose_lookup(replays, _gpu_like())[0] == by_forwards
+
+
+def test_the_lookup_first_is_not_run_where_it_saves_forwards_but_its_predicted_speed_is_not_above_1(tiny_pair):
+    from decode.export.lookup_card import mixed_line
+    from eval.llama_cpp_mixed import mixed_figures
+
+    drafter = tiny_pair.kind.drafter(tiny_pair.draft_runner())
+    heldout = _repeats_with_changes(random.Random(5), 4, 20)
+    cpu = _cpu_like()
+    forwards_only = mixed_figures(drafter, "draft-simple", heldout, None, 2, 0.0, [0])
+    timed = mixed_figures(drafter, "draft-simple", heldout, None, 2, 0.0, [0], cpu)
+    # llama.cpp's defaults (m 48) on both: fewer target forwards beyond doubt, a slower server beyond doubt
+    assert timed.lookup == forwards_only.lookup and timed.gain_interval == forwards_only.gain_interval
+    assert timed.gain_interval[0] > 1 and forwards_only.pays
+    low, high = timed.speed_ratio_interval
+    assert low <= timed.speed_ratio <= high < 1 and not timed.pays
+    assert timed.speed_ratio == pytest.approx(timed.alone_steps_per_token / timed.steps_per_token)
+    assert (timed.step_costs, timed.draft_cost, timed.verify_costs) == ("llama.cpp", 0.2, dict(cpu.verify))
+    assert timed.verify_slope == pytest.approx(0.9)
+    line = mixed_line(timed)
+    assert line.index(f"predicted {timed.speed_ratio:.3f}x [{low:.3f}, {high:.3f}] the speed of the draft model by "
+                      f"itself") < line.index("tokens per target forward")
+    assert ("llama.cpp step costs: draft c = 0.200, verify v(1) = 1.90 to v(8) = 8.20, then +0.900 a drafted token"
+            in line)
+    assert line.endswith("not above 1: the export runs the draft model alone")
+    assert "no step costs measured: target forwards decide" in mixed_line(forwards_only)

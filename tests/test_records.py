@@ -61,8 +61,8 @@ def test_the_engine_check_writes_only_what_it_measured():
         assert EngineCheck.from_json(through_json(check.to_json())) == check
 
 
-def test_mixed_figures_saved_before_the_lookup_was_chosen_read_as_llama_cpps_defaults():
-    from decode.export.card import mixed_line
+def test_mixed_figures_saved_before_the_lookup_was_chosen_read_as_llama_cpps_defaults_judged_by_forwards():
+    from decode.export.lookup_card import mixed_line
     from decode.llama_cpp_lookup import LookupSetting
 
     saved = {"spec_type": "ngram-map-k,draft-simple", "size_n": 12, "size_m": 48, "gamma": 3, "p_min": 0.0,
@@ -71,9 +71,18 @@ def test_mixed_figures_saved_before_the_lookup_was_chosen_read_as_llama_cpps_def
              "alone_tokens_per_forward": 1.45, "gain": 1.024, "gain_interval": [1.006, 1.051]}
     loaded = MixedFigures.from_json(through_json(saved))
     assert loaded.lookup == LookupSetting("ngram-map-k", 12, 48) and loaded.validation_prompts == 0 and loaded.pays
-    assert "n 12, m 48, llama.cpp's defaults; the held-out answers replayed" in mixed_line(loaded)
-    assert mixed_line(loaded).endswith("(1.024x [1.006, 1.051]); the export runs it")
+    # saved before the rounds were priced: no step costs, so the forward gain decides, and the line says so
+    assert loaded.step_costs is None
+    assert ("n 12, m 48, llama.cpp's defaults; the held-out answers replayed): no step costs measured: target "
+            "forwards decide, 1.48 tokens per target forward against 1.45 with the draft model by itself (1.024x "
+            "[1.006, 1.051]); accepted/drafted") in mixed_line(loaded)
+    assert mixed_line(loaded).endswith("the lookup drafted 14 of 2586 rounds; the export runs it")
     assert MixedFigures.from_json(through_json(loaded.to_json())) == loaded
+    priced = MixedFigures.from_json(through_json({**saved, "step_costs": "decoder", "draft_cost": 0.15,
+                                                  "verify_costs": {"1": 0.98, "2": 1.2}, "verify_slope": 0.2,
+                                                  "speed_ratio": 0.9, "speed_ratio_interval": [0.85, 0.96]}))
+    assert priced.verify_costs == {1: 0.98, 2: 1.2} and not priced.pays  # the forward gain no longer decides
+    assert MixedFigures.from_json(through_json(priced.to_json())) == priced
 
 
 def test_an_eval_result_is_saved_and_loaded_whole(tmp_path):

@@ -31,7 +31,8 @@ from decode.models import model_fingerprint
 from decode.kinds.registry import KINDS, kind_named, kind_settings
 from decode.pair import load_pair
 from decode.precision import SETTINGS as AUTOCAST_SETTINGS
-from decode.export.card import engine_line, mixed_line
+from decode.export.card import engine_line
+from decode.export.lookup_card import mixed_line
 from decode.figures import format_figure, format_interval
 from decode.export.stage import export_destination, run_export
 from distill.code_text import RATE_SOURCE as CODE_TEXT_RATE

@@ -12,8 +12,8 @@ import yaml
 from decode.engine_rules import ENGINE_NAMES
 from decode.export.export_record import ExportRecord
 from decode.redact import redact_argument, scrub_secrets
-from decode.figures import (AcceptanceFigures, EngineCheck, EngineCommands, EngineFigures, MixedFigures, VllmCheck,
-                            format_figure, format_interval)
+from decode.export.lookup_card import lookup_lines
+from decode.figures import AcceptanceFigures, EngineCheck, EngineFigures, VllmCheck, format_figure, format_interval
 from decode.stage_results import DraftRecords, EvalResult
 
 
@@ -51,7 +51,7 @@ def model_card(record: ExportRecord, kind, draft: DraftRecords, config: dict) ->
         lines += ["SGLang:", "", "```", _command(flags.sglang), "```", ""]
     if flags.llama_cpp is not None:
         lines += ["llama.cpp:", "", "```", _command(flags.llama_cpp), "```", ""]
-        lines += _lookup_lines(evaluated.llama_cpp_mixed if evaluated else None, flags)
+        lines += lookup_lines(evaluated.llama_cpp_mixed if evaluated else None, "," in flags.llama_cpp_spec_type)
         lines += _engine_lines(record.result.engine_check)
     lines += kind.card_notes(record)
     command_line = _command(redact_argument(argument) for argument in sys.argv)
@@ -114,46 +114,6 @@ def engine_line(figures: EngineFigures) -> str:
     verdict = "" if figures.worth_serving else ": not worth serving as predicted"
     return (f"{line}; gamma {figures.gamma}{cutoff} predicts {figures.predicted_speedup:.2f}x the target alone "
             f"({figures.step_costs} step costs){verdict}")
-
-
-def mixed_line(figures: MixedFigures) -> str:
-    """llama.cpp's lookup-then-draft rule as the summary prints it."""
-    export = "the export runs it" if figures.pays else "not above 1: the export runs the draft model alone"
-    return (f"llama.cpp with its n-gram lookup first (--spec-type {figures.spec_type}, n {figures.size_n}, "
-            f"m {figures.size_m}, {lookup_choice(figures)}; the held-out answers replayed): accepted/drafted "
-            f"{format_figure(figures.alpha)}{format_interval(figures.alpha_interval)}, the lookup drafted "
-            f"{figures.lookup_rounds} of {figures.rounds} rounds; {_forwards(figures)} ({_gain(figures)}); {export}")
-
-
-def lookup_choice(figures: MixedFigures) -> str:
-    """How the lookup and its sizes were chosen."""
-    if figures.validation_prompts:
-        return (f"the best of {figures.settings_tried} on {figures.validation_prompts} validation answers: "
-                f"{format_figure(figures.validation_tokens_per_forward, '.2f')} tokens per target forward there "
-                f"against {format_figure(figures.validation_alone_tokens_per_forward, '.2f')} with the draft alone")
-    return "llama.cpp's defaults" + (f", {figures.defaults_because}" if figures.defaults_because else "")
-
-
-def _forwards(figures: MixedFigures) -> str:
-    return (f"{format_figure(figures.tokens_per_forward, '.2f')} tokens per target forward against "
-            f"{format_figure(figures.alone_tokens_per_forward, '.2f')} with the draft model by itself")
-
-
-def _gain(figures: MixedFigures) -> str:
-    return f"{format_figure(figures.gain, '.3f')}x{format_interval(figures.gain_interval)}"
-
-
-def _lookup_lines(figures: MixedFigures | None, flags: EngineCommands) -> list[str]:
-    """Whether llama_cpp.sh drafts with the lookup first, and why."""
-    if figures is None:
-        return []
-    setting = (f"`--spec-type {figures.spec_type}` with n {figures.size_n} and m {figures.size_m} "
-               f"({lookup_choice(figures)})")
-    held_out = f"on the held-out answers replayed, {_forwards(figures)}: {_gain(figures)}"
-    if "," in flags.llama_cpp_spec_type:
-        return [f"The command drafts with llama.cpp's n-gram lookup first, {setting}; {held_out}, above 1.", ""]
-    return [f"The command runs the draft model alone: llama.cpp's n-gram lookup first, {setting}, gave {held_out}, "
-            f"an interval not above 1.", ""]
 
 
 def _acceptance(figures: AcceptanceFigures) -> str:
