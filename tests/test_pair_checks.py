@@ -1,5 +1,7 @@
 """Pairs that cannot work are refused before any work, with a message that says what to change."""
 
+import copy
+
 import pytest
 import torch
 
@@ -77,6 +79,24 @@ def test_derived_draft_keeps_the_first_layers_of_the_target(tiny_model_dir):
     assert draft.model.embed_tokens.weight.data_ptr() != target.model.embed_tokens.weight.data_ptr()
     with pytest.raises(PairError, match="derive_layers must be in"):
         derive_draft(target, 3)
+
+
+def test_derived_draft_from_listed_layers_runs_them_in_order(tiny_model_dir):
+    target = load_model(ModelSpec(path=str(tiny_model_dir)))
+    draft = derive_draft(target, [0, 2])
+    assert draft.config.num_hidden_layers == 2
+    torch.testing.assert_close(draft.model.layers[1].self_attn.q_proj.weight,
+                               target.model.layers[2].self_attn.q_proj.weight)
+    skipping = copy.deepcopy(target)  # the target with its layer 1 taken out computes what the draft computes
+    skipping.model.layers = torch.nn.ModuleList([skipping.model.layers[0], skipping.model.layers[2]])
+    skipping.config.num_hidden_layers = 2
+    ids = torch.tensor([[3, 7, 1, 9, 4, 4, 2]])
+    with torch.no_grad():
+        torch.testing.assert_close(draft(input_ids=ids, use_cache=False).logits,
+                                   skipping(input_ids=ids, use_cache=False).logits)
+    for layers in ([2, 0], [1, 1], [0, 3], [-1, 1], [0, 1, 2], []):
+        with pytest.raises(PairError, match="distinct increasing layers"):
+            derive_draft(target, layers)
 
 
 def test_load_pair_from_directories_and_clear_errors(tiny_model_dir, tmp_path):

@@ -38,6 +38,9 @@ class DFlashKind(HiddenStateHeadKind[DFlashSettings]):
 
     def load(self, target, target_tokenizer, spec: ModelSpec, settings: DFlashSettings):
         if not spec.path:  # untrained: the target's first layers over random context projections
+            if spec.derive_layers is not None and not isinstance(spec.derive_layers, int):
+                raise PairError(f"pair.draft.kind=dflash takes pair.draft.derive_layers as a number of layers (the "
+                                f"head's first layers are the target's first), got {spec.derive_layers}")
             mask = settings.mask_token if settings.mask_token is not None else unused_special_token(
                 target_tokenizer, eos_token_ids(target_tokenizer, target))
             head = new_head(target, spec.derive_layers or DEFAULT_LAYERS, UNTRAINED_BLOCK, mask,
