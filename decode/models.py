@@ -299,11 +299,21 @@ def load_model(spec: ModelSpec) -> torch.nn.Module:
 _LAYER_KEY = re.compile(r"\.(layers|h|blocks)\.(\d+)\.")
 
 
+def _layer_count_or_list(layers) -> bool:
+    def whole(value) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return whole(layers) or (isinstance(layers, Sequence) and not isinstance(layers, str)
+                             and all(whole(layer) for layer in layers))
+
+
 def derive_draft(target: torch.nn.Module, layers: int | Sequence[int]) -> torch.nn.Module:
     """A draft made of target layers (the first `layers` when a number, else those listed, in increasing order),
     with the target's embeddings, final norm and head (copied)."""
     total = target.config.num_hidden_layers
-    chosen = list(range(layers)) if isinstance(layers, int) else [int(layer) for layer in layers]
+    if not _layer_count_or_list(layers):
+        raise PairError(f"pair.draft.derive_layers takes a number of layers (4) or a list of target layers "
+                        f"([0, 1, 16, 17]), got {layers!r}")
+    chosen = list(range(layers)) if isinstance(layers, int) else list(layers)
     if isinstance(layers, int) and not 1 <= layers < total:
         raise PairError(f"pair.draft.derive_layers must be in [1, {total - 1}] for a {total}-layer target, "
                         f"got {layers}")

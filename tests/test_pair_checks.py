@@ -97,6 +97,9 @@ def test_derived_draft_from_listed_layers_runs_them_in_order(tiny_model_dir):
     for layers in ([2, 0], [1, 1], [0, 3], [-1, 1], [0, 1, 2], []):
         with pytest.raises(PairError, match="distinct increasing layers"):
             derive_draft(target, layers)
+    for layers in (1.5, "0,2", [0, "2"], True):
+        with pytest.raises(PairError, match="a number of layers"):
+            derive_draft(target, layers)
 
 
 def test_load_pair_from_directories_and_clear_errors(tiny_model_dir, tmp_path):
