@@ -16,10 +16,10 @@ import importlib.util
 import logging
 import os
 import re
+from collections.abc import Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Sequence
 from typing import Any, Dict, Optional
 
 import torch
@@ -313,10 +313,12 @@ def derive_draft(target: torch.nn.Module, layers: int | Sequence[int]) -> torch.
     if not _layer_count_or_list(layers):
         raise PairError(f"pair.draft.derive_layers takes a number of layers (4) or a list of target layers "
                         f"([0, 1, 16, 17]), got {layers!r}")
-    chosen = list(range(layers)) if isinstance(layers, int) else list(layers)
-    if isinstance(layers, int) and not 1 <= layers < total:
-        raise PairError(f"pair.draft.derive_layers must be in [1, {total - 1}] for a {total}-layer target, "
-                        f"got {layers}")
+    if isinstance(layers, int):
+        if not 1 <= layers < total:
+            raise PairError(f"pair.draft.derive_layers must be in [1, {total - 1}] for a {total}-layer target, "
+                            f"got {layers}")
+        layers = range(layers)
+    chosen = list(layers)
     if not chosen or chosen != sorted(set(chosen)) or chosen[0] < 0 or chosen[-1] >= total or len(chosen) == total:
         raise PairError(f"pair.draft.derive_layers as a list must name distinct increasing layers of the "
                         f"{total}-layer target, fewer than all, in [0, {total - 1}]; got {chosen}. A list is chosen "

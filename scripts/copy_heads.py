@@ -23,8 +23,7 @@ from dataclasses import dataclass
 import torch
 
 from decode.config import DEFAULT_TARGET
-from decode.models import ModelSpec, derive_draft
-from decode.pair import load_pair
+from decode.models import ModelSpec, derive_draft, load_model
 
 INDUCTION = 0.2  # a head whose mean attention to the token after the first occurrence is above this is listed
 PREVIOUS = 0.3  # a head whose mean attention to the token before is above this is listed
@@ -62,7 +61,8 @@ def head_scores(attentions: tuple[torch.Tensor, ...], length: int) -> list[HeadS
 
 
 @torch.no_grad()
-def score_model(model: torch.nn.Module, length: int = 50, rows: int = 8, seed: int = 0) -> tuple[list[HeadScore], float]:
+def score_model(model: torch.nn.Module, length: int = 50, rows: int = 8,
+                seed: int = 0) -> tuple[list[HeadScore], float]:
     """(every head's scores, the model's repeat accuracy on the second reading)."""
     model.set_attn_implementation("eager")  # the attention weights; sdpa returns none
     ids = repeated_rows(model.config.vocab_size, length, rows, seed).to(model.device)
@@ -91,8 +91,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.draft_layers is not None and args.draft_layers < 2:
         parser.error("--draft-layers must be at least 2: a previous-token layer and an induction layer")
-    pair = load_pair(ModelSpec(path=args.model or args.target, dtype="float32"), ModelSpec(derive_layers=1))
-    model = pair.target
+    model = load_model(ModelSpec(path=args.model or args.target, dtype="float32"))
     scores, repeated = score_model(model, args.length, args.rows)
     print(f"{args.model or args.target}: heads with induction > {INDUCTION} or previous-token > {PREVIOUS} "
           f"(layer.head induction/previous)")
