@@ -68,6 +68,7 @@ class TrainResult(PlainRecord):
     answer_tokens: int = 0  # target-labelled answer tokens of the target's answers trained on (on-policy ones apart)
     prompt_tokens: int = 0  # target-labelled tokens of the prompts trained on (generate.label_prompts)
     code_text_tokens: int = 0  # target-labelled tokens of existing code trained on (domain.code_excerpts)
+    repeat_tokens: int = 0  # target-labelled tokens of random sequences read twice (method.repeat_rows)
     # sum(min(p, q)) on the validation answers, before and after (start: None on a resumed run)
     validation_acceptance_start: Optional[float] = None
     validation_acceptance_end: Optional[float] = None

@@ -352,10 +352,12 @@ def test_retraining_a_champion_starts_from_its_weights_and_keeps_its_vocabulary(
     assert not torch.equal(retrained.fc.weight, champion.fc.weight)
 
 
-def test_lora_and_on_policy_are_refused_for_a_head_before_any_work(pair, tmp_path):
+def test_lora_on_policy_and_repeats_are_refused_for_a_head_before_any_work(pair, tmp_path):
     ctx = stage_context(pair, tmp_path / "run")  # no answers for it: the refusal comes first
     with pytest.raises(ConfigError, match="method.lora is not supported for pair.draft.kind=eagle3"):
         run_train(ctx, settings(lora=LoraSettings()), Eagle3Settings(), DOMAIN, GENERATE, DECODE, PROMPTS)
     with pytest.raises(ConfigError, match="on_policy_answers is not supported"):
         run_train(ctx, settings(on_policy_answers=1), Eagle3Settings(), DOMAIN, GENERATE, DECODE, PROMPTS)
+    with pytest.raises(ConfigError, match="repeat_rows is not supported"):
+        run_train(ctx, settings(repeat_rows=4), Eagle3Settings(), DOMAIN, GENERATE, DECODE, PROMPTS)
     assert not ctx.draft_dir.exists()

@@ -93,6 +93,7 @@ def test_running_without_a_domain_names_the_domains(compose_train, tmp_path):
     (["decode.dynamic_gamma=true", "decode.min_gamma=9"], "decode: dynamic gamma needs 1 <= min_gamma"),
     (["stages=[train,deploy]"], "stages must be a non-empty list"),
     (["method.on_policy_answers=-1"], "on_policy_answers and method.on_policy_from_epoch must be >= 0"),
+    (["method.repeat_rows=-1"], "method.repeat_rows must be >= 0"),
     (["method.on_policy_answers=1", "method.on_policy_from_epoch=9"], "must be below method.epochs"),
     (["generate.answers_per_prompt=0"], "generate.answers_per_prompt must be >= 1"),
     (["method.autocast=fp8"], "method.autocast must be one of"),

@@ -58,6 +58,9 @@ class MethodConfig:
     # in one teacher-forced forward a batch; the epoch trains on them beside the target's answers (0: off)
     on_policy_answers: int = 0
     on_policy_from_epoch: int = 1
+    # random sequences of 16 to 80 tokens read twice, labelled by the target over the second reading and trained on
+    # beside its answers: a derived draft learns to copy its context from them (distill/repeats.py; 0: none)
+    repeat_rows: int = 0
     # a checkpoint of the default draft and its optimizer is 0.5 GB (about 1.7 s to write on a CPU VM) and a
     # validation pass about 2.5 s: every 24 steps they took a quarter of the train stage
     checkpoint_every: int = 100

@@ -83,6 +83,9 @@ def validate(config: TrainConfig) -> None:
             raise ConfigError(f"generate.{key} must be >= 1, got {getattr(config.generate, key)}")
     if method.loss not in LOSSES:
         raise ConfigError(f"method.loss {method.loss!r} is not one of {sorted(LOSSES)}")
+    if method.repeat_rows < 0:
+        raise ConfigError(f"method.repeat_rows must be >= 0 (0: no random sequences read twice), got "
+                          f"{method.repeat_rows}")
     if method.on_policy_answers < 0 or method.on_policy_from_epoch < 0:
         raise ConfigError(f"method.on_policy_answers and method.on_policy_from_epoch must be >= 0, got "
                           f"{method.on_policy_answers} and {method.on_policy_from_epoch}")
@@ -351,6 +354,8 @@ def _data_lines(trained: TrainResult, generated: GenerateResult | None) -> list[
     if trained.code_text_tokens:
         labelled = f" ({code_rates[0]['tokens_per_minute']:,} per CPU-minute)" if code_rates else ""
         line += f" and {trained.code_text_tokens:,} of existing code, teacher-forced{labelled}"
+    if trained.repeat_tokens:
+        line += f" and {trained.repeat_tokens:,} of random sequences read twice (method.repeat_rows)"
     return [line]
 
 

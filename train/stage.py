@@ -13,6 +13,7 @@ from distill.config import DomainConfig, GenerateConfig
 from distill.conversations import chat_prompt_ids
 from distill.data import DomainPrompts, answer_token_count, at_one_width, examples_from_records
 from distill.on_policy import OnPolicySampler
+from distill.repeats import repeat_examples
 from distill.generate import labelling_precision
 from distill.stage import target_answers
 from distill.vocab import most_probable_tokens, target_mass
@@ -36,10 +37,11 @@ def run_train(ctx: RunContext, method: MethodConfig, settings: KindSettings, dom
     if method.prune_vocab:
         kept = most_probable_tokens(target_mass(train_examples), method.prune_vocab, _always_kept_tokens(ctx),
                                     ctx.pair.vocab_size)
+    repeats = _repeat_examples(ctx, method, generate, kept, len(train_examples[0].target_top_ids[0]))
     draft = kind.starting_draft(ctx.pair, method, settings, kept, ctx.seed)
     draft_vocab_size = kind.draft_vocab_size(draft, ctx.pair.vocab_size)
     (train_inputs, validation_inputs), inputs_record = kind.training_inputs(
-        ctx, draft, [(train_examples, generated.train_data), (validation_examples, generated.validation_data)],
+        ctx, draft, [(train_examples + repeats, generated.train_data), (validation_examples, generated.validation_data)],
         generate.batch_size)
     recorded_k = len(train_examples[0].target_top_ids[0])  # below top_k_logprobs where a server capped it
     on_policy = _on_policy_sampler(ctx, method, domain, generate, decode, prompts, recorded_k) \
@@ -54,14 +56,28 @@ def run_train(ctx: RunContext, method: MethodConfig, settings: KindSettings, dom
     labelled_tokens = sum(len(example.target_top_ids) for example in train_examples) - code_text_tokens
     answer_tokens = answer_token_count(answers["train"], method.max_length)
     result = TrainResult(draft_path=str(ctx.draft_dir), draft_fingerprint=content_fingerprint(ctx.draft_dir),
-                         examples=len(train_examples),
+                         examples=len(train_examples) + len(repeats),
                          answer_tokens=answer_tokens, prompt_tokens=labelled_tokens - answer_tokens,
                          code_text_tokens=code_text_tokens,
+                         repeat_tokens=sum(len(example.target_top_ids) for example in repeats),
                          draft_vocab_size=draft_vocab_size, **inputs_record, **history)
     ctx.tracker.log_model(ctx.draft_dir, f"draft-{domain.name}-{method.name}",
                           {"domain": domain.name, "method": method.name, "train_steps": result.steps,
                            "validation_acceptance_end": result.validation_acceptance_end})
     return result
+
+
+def _repeat_examples(ctx: RunContext, method: MethodConfig, generate: GenerateConfig, kept: list[int] | None,
+                     top_k_logprobs: int) -> list:
+    """method.repeat_rows random sequences read twice, of the tokens the draft keeps (none of the special ones),
+    labelled by the target as the answers were."""
+    if not method.repeat_rows:
+        return []
+    special = set(_always_kept_tokens(ctx))
+    token_ids = [token for token in (kept if kept is not None else range(ctx.pair.vocab_size)) if token not in special]
+    target = ctx.pair.target_runner()
+    return repeat_examples(target, token_ids, method.repeat_rows, top_k_logprobs, method.max_length, ctx.seed,
+                           labelling_precision(target, generate.autocast))
 
 
 def _always_kept_tokens(ctx: RunContext) -> list[int]:
