@@ -20,6 +20,7 @@ from accelerate import Accelerator
 from decode.config import DecodeConfig, ExportConfig, PairConfig
 from decode.context import RunContext
 from decode.models import ModelSpec
+from decode.errors import ConfigError
 from decode.engine_rules import llama_cpp_figures
 from decode.export.card import model_card
 from decode.export.export_record import ExportRecord
@@ -42,7 +43,7 @@ from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy
 from eval.config import ReportConfig
 from eval.harness.serving_bench import (NO_DRAFT, UNTRAINED, Bench, ServingBenchConfig, engine_verdict,
-                                        run_bench, spec_counters)
+                                        run_bench, spec_counters, validate)
 from eval.report import prompts_by_domain
 
 TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
@@ -195,6 +196,33 @@ def test_the_serving_benchmark_measures_every_draft_beside_the_target_alone(tmp_
     costs = report["engine_costs"][UNTRAINED]
     assert costs["c"] > 0 and set(costs["v"]) == {"1", "2", "3"} and served["predicted_speedup"] > 0
     assert served["predicted_speedup_in_server"] > 0
+
+
+def test_with_a_lookup_the_serving_benchmark_serves_each_draft_again_with_the_lookup_drafting_first(
+        tmp_path, tiny_pair, server_binary):
+    settings = ServingBenchConfig(domains=["code"], max_prompts=3, max_new_tokens=48, gguf_type="f32", gamma=1,
+                                  binary=server_binary, temperatures=[0.0], lookup="ngram-map-k", lookup_n=2,
+                                  lookup_m=8)
+    report = run_bench(tiny_pair, TINY, settings, tmp_path, seed=0)
+    mixed = f"{UNTRAINED} + ngram-map-k n 2 m 8"
+    assert set(report["results"]) == {NO_DRAFT, UNTRAINED, mixed}
+    alone = report["results"][UNTRAINED]["code"]["temperature 0"]
+    served = report["results"][mixed]["code"]["temperature 0"]
+    assert served["same_text_as_target_alone"] and served["speedup"] > 0 and "speedup_interval" in served
+    # at --spec-draft-n-max 1 the model drafts one token a round: only the lookup drafts more
+    assert alone["drafted"] == alone["rounds"] and served["drafted"] > served["rounds"]
+    assert "predicted_token_acceptance" not in served  # the decoder predicts the draft model's rounds alone
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(lookup="ngram-cache"), "serving.lookup='ngram-cache': choose one of"),
+    (dict(lookup="ngram-map-k", engine="vllm"), "serving.lookup is llama-server's mixed drafting"),
+    (dict(lookup="ngram-map-k", url="http://127.0.0.1:1"), "serving.lookup is llama-server's mixed drafting"),
+    (dict(lookup="ngram-simple", lookup_m=0), "serving.lookup_n and serving.lookup_m must be >= 1"),
+])
+def test_a_lookup_the_benchmark_cannot_serve_is_refused_before_any_work(bad, message):
+    with pytest.raises(ConfigError, match=message):
+        validate(ServingBenchConfig(**bad))
 
 
 def test_the_serving_benchmark_measures_running_servers_by_url_and_they_accept_by_the_greedy_rule(

@@ -26,7 +26,10 @@ A draft is a trained draft directory, an export directory (its draft.gguf is ser
 A draft kept on a pruned vocabulary (config.draft_vocab) is served two ways, to measure what an engine should get:
 `zero-rows` (the other tokens' output rows zero: logit 0, as exported) and `trained-rows` (the tied head as
 trained, no pruning). At temperature 0 the server's output must not depend on the draft: every draft's text is
-checked against the target alone's. Writes serving_bench.json and serving_bench.md to serving.output_dir; the
+checked against the target alone's. With serving.lookup (llama-server only), each draft is served once more with
+that n-gram lookup drafting first (llama.cpp's mixed drafting, as the export's llama_cpp.sh runs it where it
+pays): on copy-heavy prompts (summarization, code edits) it shows what the lookup adds; the decoder's prediction
+is the draft model's alone and is left out there. Writes serving_bench.json and serving_bench.md to serving.output_dir; the
 last line printed is that directory.
 """
 
@@ -34,7 +37,7 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import List, Optional
 
@@ -61,6 +64,7 @@ from decode.serving.engine_costs import measure_engine_costs
 from decode.export.formats import serving_copy
 from decode.export.gguf import OUTTYPES, write_gguf
 from decode.speculative import GammaPolicy
+from decode.llama_cpp_lookup import LOOKUPS, LookupSetting
 from decode.serving.llama_server import Completion, LlamaServer, ServerSpec, find_binary
 from decode.serving.openai_server import OpenAIServer
 from decode.serving.vllm_server import VllmServer, VllmSpec, export_spec, vllm_draft_settings
@@ -98,6 +102,12 @@ class ServingBenchConfig:
     engine: str = "llama_cpp"  # llama_cpp: llama-server started here; vllm: vLLM started here (its draft/ dirs)
     vllm_python: Optional[str] = None  # vLLM's environment; None: $VLLM_PYTHON, else .venv-vllm
     enforce_eager: bool = False  # vLLM without compiled graphs: starts faster, serves slower
+    # llama-server only: each draft served once more with this n-gram lookup drafting first (--spec-type
+    # <lookup>,<the draft's>; ngram-map-k or ngram-simple) at --spec-<lookup>-size-n / -size-m lookup_n / lookup_m:
+    # the eval prints the setting it chose on the validation answers
+    lookup: Optional[str] = None
+    lookup_n: int = 12
+    lookup_m: int = 48
 
 
 @dataclass
@@ -116,6 +126,7 @@ class ServedDraft:
     gguf: Optional[str]  # what the engine loads: a GGUF for llama-server, a directory for vLLM; None: target alone
     model: Optional[torch.nn.Module] = None  # for the project's decoder
     vllm: dict = field(default_factory=dict)  # VllmSpec's method and options for it (vllm_draft_settings)
+    lookup: Optional[LookupSetting] = None  # llama-server's n-gram lookup drafting before the draft
 
 
 def validate(settings: ServingBenchConfig) -> None:
@@ -136,6 +147,15 @@ def validate(settings: ServingBenchConfig) -> None:
         raise ConfigError(f"serving.engine={settings.engine!r}: choose llama_cpp or vllm")
     if settings.engine == "vllm" and any(path.endswith(".gguf") for path in settings.drafts):
         raise ConfigError("serving.engine=vllm serves export directories or draft directories, not .gguf files")
+    if settings.lookup is not None:
+        if settings.lookup not in LOOKUPS:
+            raise ConfigError(f"serving.lookup={settings.lookup!r}: choose one of {sorted(LOOKUPS)}, or leave it out")
+        if settings.engine != "llama_cpp" or settings.url:
+            raise ConfigError("serving.lookup is llama-server's mixed drafting, served here: leave out serving.url "
+                              "and keep serving.engine=llama_cpp")
+        if min(settings.lookup_n, settings.lookup_m) < 1:
+            raise ConfigError(f"serving.lookup_n and serving.lookup_m must be >= 1, got {settings.lookup_n} and "
+                              f"{settings.lookup_m}")
     if settings.gguf_type not in OUTTYPES:
         raise ConfigError(f"serving.gguf_type {settings.gguf_type!r} is not one of {sorted(OUTTYPES)}")
 
@@ -355,11 +375,13 @@ def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchCo
     costs = {draft.label: measure_engine_costs(binary, target, draft.gguf, settings.threads,
                                                max_gamma=settings.gamma)
              for draft in drafts if draft.gguf and kind_of(draft.model).gguf_runs_alone}
-    for draft in drafts:
-        spec = ServerSpec(target, draft.gguf, gamma=settings.gamma, threads=settings.threads, binary=binary)
-        name = "none" if draft.gguf is None else Path(draft.gguf).stem
+    for draft in drafts + with_lookup(drafts, settings):
+        spec = ServerSpec(target, draft.gguf, gamma=settings.gamma, threads=settings.threads, binary=binary,
+                          lookup=draft.lookup)
+        name = "none" if draft.gguf is None else Path(draft.gguf).stem + ("-lookup" if draft.lookup else "")
         with LlamaServer(spec, output_dir / "logs" / f"{name}.log") as server:
-            bench.measure(draft.label, server, draft.model)
+            # the decoder predicts the draft model's rounds alone, not a lookup's
+            bench.measure(draft.label, server, draft.model, predict=draft.lookup is None)
     bench.add_speedups()
     for label, cost in costs.items():
         for domain, by_sampling in bench.results[label].items():
@@ -374,6 +396,15 @@ def run_bench(pair: ModelPair, pair_config: PairConfig, settings: ServingBenchCo
             "results": bench.results}
 
 
+def with_lookup(drafts: list[ServedDraft], settings: ServingBenchConfig) -> list[ServedDraft]:
+    """Each draft once more, with serving.lookup drafting first (none without it)."""
+    if settings.lookup is None:
+        return []
+    lookup = LookupSetting(settings.lookup, settings.lookup_n, settings.lookup_m)
+    return [replace(draft, label=f"{draft.label} + {lookup.spec_type} n {lookup.size_n} m {lookup.size_m}",
+                    lookup=lookup) for draft in drafts if draft.gguf]
+
+
 class Bench:
     """The measurements of one run: results[label][domain][sampling name] -> figures."""
 
@@ -384,8 +415,9 @@ class Bench:
         self.reference_texts: dict[tuple[str, str], list[str]] = {}  # the target alone's, greedy
         self.predictions: dict[tuple, dict] = {}  # one decode per model, domain and sampling (GGUFs may share one)
 
-    def measure(self, label: str, server, model: Optional[torch.nn.Module]) -> None:
-        """Every domain at every sampling through `server`; model: the draft it serves (None: the target alone)."""
+    def measure(self, label: str, server, model: Optional[torch.nn.Module], predict: bool = True) -> None:
+        """Every domain at every sampling through `server`; model: the draft it serves (None: the target alone);
+        predict: with serving.decoder_check, the decoder's prediction of its acceptance beside the server's."""
         for domain, ids in self.prompt_ids.items():
             for sampling in self.samplings:
                 name = sampling_name(sampling)
@@ -395,7 +427,7 @@ class Bench:
                     self.reference_texts[domain, name] = texts
                 elif sampling.greedy and (domain, name) in self.reference_texts:
                     figures["same_text_as_target_alone"] = texts == self.reference_texts[domain, name]
-                if model is not None and self.settings.decoder_check:
+                if model is not None and predict and self.settings.decoder_check:
                     key = (id(model), domain, name)
                     if key not in self.predictions:
                         self.predictions[key] = decoder_prediction(self.pair, model, ids, self.settings, sampling,
