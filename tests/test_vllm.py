@@ -4,10 +4,12 @@ Each server starts without compiled graphs (--enforce-eager) to keep start-up sh
 
 import json
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import torch
+from transformers import AutoModelForCausalLM
 
 from decode.config import DecodeConfig, PairConfig
 from decode.export.engines import ServingTarget, vllm_args, write_serving_files
@@ -234,3 +236,75 @@ def test_the_export_stage_runs_the_vllm_check_into_export_json_and_the_card(tmp_
     assert f"({check['accepted']}/{check['drafted']})" in (export / "README.md").read_text()
     # the same greedy text, the same draft: this project's decoder accepts what vLLM accepted
     assert check["decoder_token_acceptance"] == pytest.approx(check["token_acceptance"], abs=0.05)
+
+
+def lookup(context: list[int], min_n: int, max_n: int, k: int) -> list[int]:
+    """vLLM's prompt lookup (method ngram): the k tokens after the earliest occurrence of the longest n-gram,
+    n in [min_n, max_n], that ends context."""
+    for n in range(min(max_n, len(context) - 1), min_n - 1, -1):
+        for start in range(len(context) - n):
+            if context[start:start + n] == context[-n:]:
+                return context[start + n:start + n + k]
+    return []
+
+
+def draft_tokens(draft, context: list[int], k: int) -> list[int]:
+    """k greedy tokens of the draft, on past an end of text as the proposer drafts them."""
+    with torch.no_grad():
+        for _ in range(k):
+            context = context + [int(draft(torch.tensor([context])).logits[0, -1].argmax())]
+    return context[-k:]
+
+
+def lookup_then_draft_rounds(draft, prompt: list[int], answer: list[int], max_tokens: int, min_n: int,
+                             max_n: int) -> dict:
+    """vLLM's rounds for a greedy answer (the target's, max_tokens of it and GAMMA + 1 beyond, which the last
+    round's drafts are verified against): how many each drafter drafted, and the drafted and accepted tokens."""
+    rounds = {"lookup": 0, "draft": 0, "drafted": 0, "accepted": 0}
+    done = 1  # the prefill samples the first token
+    while done < max_tokens:
+        context = prompt + answer[:done]
+        tokens = lookup(context, min_n, max_n, GAMMA)
+        rounds["lookup" if tokens else "draft"] += 1
+        tokens = tokens or draft_tokens(draft, context, GAMMA)
+        accepted = next((i for i, token in enumerate(tokens) if token != answer[done + i]), len(tokens))
+        rounds["drafted"] += len(tokens)
+        rounds["accepted"] += accepted
+        done += accepted + 1
+    return rounds
+
+
+@pytest.mark.parametrize("repeating_target", [True, False])
+def test_vllm_serves_a_lookup_then_draft_proposer_with_the_targets_greedy_tokens(tmp_path, models, vllm_python,
+                                                                               repeating_target):
+    """vLLM's custom_class proposer: its n-gram lookup drafts first, the draft model where it finds nothing. The
+    fixture's target repeats one token (the lookup drafts most rounds and is accepted), one of larger weights
+    does not (the draft model drafts most rounds); a draft that disagrees with both. The tokens stay the
+    target's, and vLLM's counters are the replay's of both drafters over them."""
+    tokenizer, max_tokens, (min_n, max_n) = models["tokenizer"], 24, (1, 3)
+    if repeating_target:
+        target, target_dir = models["model"], models["target"]
+    else:
+        target = tiny_llama(len(tokenizer), num_layers=4, seed=0, init_std=0.3, head_dim=32)
+        target_dir = tmp_path / "target"
+        target.save_pretrained(target_dir)
+        tokenizer.save_pretrained(target_dir)
+    texts = ["def add(a, b):\n    return a + b\n\ndef add(a, b):", "List three colours"]
+    ids = [tokenizer.apply_chat_template([{"role": "user", "content": text}], add_generation_prompt=True,
+                                         tokenize=True)["input_ids"] for text in texts]
+    answers = [greedy(target, prompt, max_tokens + GAMMA + 1) for prompt in ids]
+    draft = AutoModelForCausalLM.from_pretrained(models["random"] / "draft", torch_dtype=torch.float32).eval()
+    spec = VllmSpec(str(target_dir), str(models["random"] / "draft"), gamma=GAMMA, enforce_eager=True,
+                    lookup=(min_n, max_n))
+    with VllmServer(spec, tmp_path / "lookup.log") as server:
+        replies = [server.complete(prompt, max_tokens) for prompt in ids]
+        with ThreadPoolExecutor(len(ids)) as pool:  # at once: the requests drafted in one batch, row by row
+            together = list(pool.map(lambda prompt: json.loads(server._request("/v1/completions", {
+                "prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "return_token_ids": True})), ids))
+    assert [reply.tokens for reply in replies] == [answer[:max_tokens] for answer in answers]
+    assert [reply["choices"][0]["token_ids"] for reply in together] == [answer[:max_tokens] for answer in answers]
+    replayed = [lookup_then_draft_rounds(draft, prompt, answer, max_tokens, min_n, max_n)
+                for prompt, answer in zip(ids, answers)]
+    assert [(reply.drafted, reply.accepted) for reply in replies] == [
+        (rounds["drafted"], rounds["accepted"]) for rounds in replayed]
+    assert sum(rounds["lookup"] for rounds in replayed) > 0 and sum(rounds["draft"] for rounds in replayed) > 0

