@@ -6,6 +6,8 @@ in many rounds, the draft model in the others (a key whose last draft got nothin
 asserted to have drafted; the wrong acceptance rule must fail them.
 """
 
+import copy
+
 import pytest
 import torch
 
@@ -20,7 +22,7 @@ from decode.llama_cpp_mixed import MixedCounts, draft_along, replay
 from decode.native import NativeLlamaRunner
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy, SpeculativeDecoder
-from tests.test_speculative_exactness import (MIXED_SAMPLES, SETTINGS, SAMPLES, VOCAB, decoder_for, decoder_p_value,
+from tests.test_speculative_exactness import (SETTINGS, SAMPLES, VOCAB, decoder_for, decoder_p_value,
                                               dynamic_gamma_p_value, expect_the_rule, mixed_lengths_p_value, models,
                                               rule)
 from tests.test_speculative_greedy import near_draft
@@ -65,8 +67,9 @@ def test_the_mixed_rule_with_dynamic_gamma_keeps_the_distribution(models):
 
 def test_the_mixed_rule_on_prompts_of_mixed_lengths_in_one_batch_keeps_each_distribution(models, rule):
     """Rows whose lookups draft beside rows the model drafts for, and a model that catches up on rounds it sat out."""
-    p_value, metrics = mixed_lengths_p_value(decoder_for(*models), models[0], GammaPolicy(gamma=2, llama_cpp_lookup=LOOKUP),
-                                             seed=3, prompts=[REPEATING, [3], [2, 0, 3, 1, 1, 0]])
+    policy = GammaPolicy(gamma=2, llama_cpp_lookup=LOOKUP)
+    p_value, metrics = mixed_lengths_p_value(decoder_for(*models), models[0], policy, seed=3,
+                                             prompts=[REPEATING, [3], [2, 0, 3, 1, 1, 0]])
     assert_both_drafted(metrics)
     expect_the_rule(rule, p_value)
 
@@ -74,8 +77,7 @@ def test_the_mixed_rule_on_prompts_of_mixed_lengths_in_one_batch_keeps_each_dist
 def test_the_mixed_rule_with_a_pruned_draft_vocabulary_keeps_the_distribution(models):
     """The model never drafts token 3; the lookup copies it, and the target emits it with its own probability."""
     target, draft = models
-    pruned = type(draft)(draft.config).to(torch.float64).eval()
-    pruned.load_state_dict(draft.state_dict())
+    pruned = copy.deepcopy(draft)
     pruned.config.draft_vocab = [0, 1, 2]
     p_value, metrics = decoder_p_value(decoder_for(target, pruned), target, SETTINGS["temperature 1"],
                                        GammaPolicy(gamma=2, llama_cpp_lookup=LOOKUP), seed=4, samples=SAMPLES // 2,
@@ -116,6 +118,19 @@ def test_greedy_mixed_output_is_the_targets_and_its_counters_are_the_replays(tar
     expected = replayed(decoder, prompts, result.tokens, gamma, lookup)
     assert result.metrics.drafts_by_source == expected.by_source
     assert expected.lookup_accepted > 0 and expected.model_rounds > 0
+
+
+def test_rows_that_stop_at_eos_count_as_the_replay_does(target64, near_draft, tokenizer):
+    """EOS is a token one answer holds after a few tokens: the row ends at it before its budget, the others run on."""
+    decoder, prompts = greedy_pair(target64, near_draft, tokenizer)
+    answers = decoder.generate(prompts, GREEDY_NEW_TOKENS, GREEDY).tokens
+    decoder.eos = torch.tensor([answers[1][9]])  # its first occurrence there
+    policy = GammaPolicy(gamma=3, llama_cpp_lookup=LookupSetting("ngram-map-k", 1, 8))
+    result = decoder.generate(prompts, GREEDY_NEW_TOKENS, GREEDY, policy)
+    assert result.tokens == decoder.generate(prompts, GREEDY_NEW_TOKENS, GREEDY).tokens
+    assert result.stopped_by_eos[1] and len(result.tokens[1]) == 10
+    expected = replayed(decoder, prompts, result.tokens, 3, policy.llama_cpp_lookup)
+    assert result.metrics.drafts_by_source == expected.by_source and expected.lookup_accepted > 0
 
 
 def test_a_lookup_that_never_matches_leaves_the_draft_model_alone_drafting_greedily(target64, near_draft, tokenizer):
