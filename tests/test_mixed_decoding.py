@@ -13,6 +13,7 @@ import torch
 
 from decode.config import DecodeConfig
 from decode.errors import ConfigError
+from decode.hf_runner import HFRunner
 from decode.kinds.common.token_drafter import TokenDrafter
 from decode.kinds.dflash.drafter import DFlashDrafter
 from decode.kinds.eagle3.drafter import Eagle3Drafter
@@ -91,9 +92,9 @@ GREEDY_NEW_TOKENS = [40, 23, 31]
 GREEDY_TEXTS = ["abcabcabcabcabcabc", "the cat sat on the mat; the cat sat on the", "1, 2, 1, 2, 1, 2, 1, 2"]
 
 
-def greedy_pair(target64, near_draft, tokenizer):
+def greedy_pair(target64, near_draft, tokenizer, runner=NativeLlamaRunner):
     vocab = len(tokenizer)
-    decoder = SpeculativeDecoder(NativeLlamaRunner(target64, vocab), NativeLlamaRunner(near_draft, vocab),
+    decoder = SpeculativeDecoder(runner(target64, vocab), runner(near_draft, vocab),
                                  eos_token_ids=[tokenizer.eos_token_id])
     return decoder, [tokenizer.encode(text) for text in GREEDY_TEXTS]
 
@@ -110,14 +111,30 @@ def replayed(decoder, prompts, answers, gamma, lookup) -> MixedCounts:
 
 @pytest.mark.parametrize("gamma", [1, 3])
 @pytest.mark.parametrize("lookup", [LookupSetting("ngram-map-k", 2, 6), LookupSetting("ngram-simple", 1, 4)])
+@pytest.mark.parametrize("runner", [NativeLlamaRunner, HFRunner])
 def test_greedy_mixed_output_is_the_targets_and_its_counters_are_the_replays(target64, near_draft, tokenizer, gamma,
-                                                                            lookup):
-    decoder, prompts = greedy_pair(target64, near_draft, tokenizer)
+                                                                            lookup, runner):
+    decoder, prompts = greedy_pair(target64, near_draft, tokenizer, runner)
     result = decoder.generate(prompts, GREEDY_NEW_TOKENS, GREEDY, GammaPolicy(gamma=gamma, llama_cpp_lookup=lookup))
     assert result.tokens == decoder.generate(prompts, GREEDY_NEW_TOKENS, GREEDY).tokens
     expected = replayed(decoder, prompts, result.tokens, gamma, lookup)
     assert result.metrics.drafts_by_source == expected.by_source
     assert expected.lookup_accepted > 0 and expected.model_rounds > 0
+
+
+@pytest.mark.parametrize("row", range(len(GREEDY_TEXTS)))
+@pytest.mark.parametrize("lookup", [LookupSetting("ngram-map-k", 1, 2), LookupSetting("ngram-simple", 1, 2)])
+def test_a_row_alone_catches_the_draft_up_on_the_lookups_rounds(target64, near_draft, tokenizer, row, lookup):
+    """Alone, a row whose lookup drafted leaves the draft model out of the round altogether: its next round feeds
+    the draft every token since (up to 8 here), and still drafts the replay's tokens."""
+    decoder, prompts = greedy_pair(target64, near_draft, tokenizer)
+    result = decoder.generate(prompts[row:row + 1], GREEDY_NEW_TOKENS[row], GREEDY,
+                              GammaPolicy(gamma=3, llama_cpp_lookup=lookup))
+    assert result.tokens == decoder.generate(prompts[row:row + 1], GREEDY_NEW_TOKENS[row], GREEDY).tokens
+    expected = replay(prompts[row], result.tokens[0], *draft_along(TokenDrafter(decoder.draft),
+                                                                   prompts[row] + result.tokens[0], len(prompts[row])),
+                      GREEDY_NEW_TOKENS[row], 3, lookup=lookup.new)
+    assert result.metrics.drafts_by_source == expected.by_source
 
 
 def test_rows_that_stop_at_eos_count_as_the_replay_does(target64, near_draft, tokenizer):
