@@ -9,6 +9,7 @@ from typing import Optional
 
 from decode.cost_model import DEFAULT_GAMMA, MAX_GAMMA, MIN_GAMMA
 from decode.errors import ConfigError
+from decode.llama_cpp_lookup import LookupSetting
 from decode.models import ModelSpec
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy
@@ -28,6 +29,9 @@ class DecodeConfig:
     # n > 0: a draft position whose last n tokens occurred earlier in the context proposes the token that
     # followed them (q = 1 on it) instead of the draft's sample; exact either way (decode/lookup.py)
     copy_ngram: int = 0
+    # '<spec_type>:<size_n>:<size_m>' (e.g. ngram-map-k:12:48): llama-server's mixed rule instead, its lookup first
+    # and the draft model greedily where it finds nothing (decode/llama_cpp_rule.py); None: off
+    llama_cpp_lookup: Optional[str] = None
 
     def sampling(self, temperature: Optional[float] = None) -> SamplingParams:
         try:
@@ -40,8 +44,9 @@ class DecodeConfig:
         dynamic = self.dynamic_gamma if dynamic is None else dynamic
         gamma = min(max(self.gamma, self.min_gamma), self.max_gamma) if dynamic else self.gamma
         try:
+            lookup = LookupSetting.parse(self.llama_cpp_lookup) if self.llama_cpp_lookup is not None else None
             return GammaPolicy(gamma=gamma, dynamic=dynamic, min_gamma=self.min_gamma, max_gamma=self.max_gamma,
-                               copy_ngram=self.copy_ngram)
+                               copy_ngram=self.copy_ngram, llama_cpp_lookup=lookup)
         except ValueError as error:
             raise ConfigError(f"decode: {error}") from None
 

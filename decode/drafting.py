@@ -32,6 +32,9 @@ class Drafter(abc.ABC):
     timed_tokens = 1  # the tokens its timed step feeds (decode/step_costs.py)
     # the most tokens a round drafts as the draft was trained to, and as the engines let it (None: any)
     most_tokens: int | None = None
+    # whether it drafts the model's rounds of llama.cpp's mixed rule (decode/llama_cpp_rule.py): a draft model of its
+    # own that reads the tokens one by one, as llama-server's draft-simple, and catches up on rounds it sat out
+    drafts_llama_cpp_model_rounds = False
 
     def __init__(self, runner):
         self.runner = runner

@@ -3,8 +3,9 @@
 `--spec-type ngram-simple` and `--spec-type ngram-map-k` draft from the slot's own history: the tokens that followed
 an earlier occurrence of its last n tokens (the last one the token just sampled, not yet in the history). In a list
 with a draft model (`--spec-type ngram-map-k,draft-simple`) a lookup that returns tokens wins the round and the draft
-model drafts only where every lookup returned none (decode/llama_cpp_mixed.py). Each lookup's draft is verified by
-sample-and-match: a drafted token is accepted when the target's own sample equals it.
+model drafts only where every lookup returned none (decode/llama_cpp_mixed.py replays that, decode/llama_cpp_rule.py
+runs it). Each lookup's draft is verified by sample-and-match: a drafted token is accepted when the target's own
+sample equals it.
 
 The ports keep llama.cpp's bounds, search order and hash table exactly, since which occurrence is copied and how
 long the draft is decide what a user's server accepts.
@@ -160,6 +161,15 @@ class LookupSetting:
     def new(self) -> Lookup:
         """A fresh slot's lookup."""
         return LOOKUPS[self.spec_type](self.size_n, self.size_m)
+
+    @classmethod
+    def parse(cls, text: str) -> "LookupSetting":
+        """'<spec_type>:<size_n>:<size_m>', e.g. 'ngram-map-k:12:48'."""
+        spec_type, *sizes = text.split(":")
+        if len(sizes) != 2 or not all(size.isdigit() and int(size) > 0 for size in sizes):
+            raise ValueError(f"a llama.cpp lookup is <spec_type>:<size_n>:<size_m> with sizes >= 1, e.g. "
+                             f"ngram-map-k:12:48; got {text!r}")
+        return cls(spec_type, int(sizes[0]), int(sizes[1]))
 
 
 LLAMA_CPP_DEFAULT = LookupSetting("ngram-map-k", 12, 48)  # llama.cpp's own sizes (common/common.h)

@@ -13,7 +13,8 @@ A model round drafts greedily along its own tokens; while they equal the answer 
 draft at each position is the draft's argmax teacher-forced on the answer, and the first draft token that differs
 ends the round's accepted run (what the draft proposes after it is never accepted). Drafting stops before a
 position whose llama.cpp confidence is under --spec-draft-p-min. One teacher-forced forward of the draft over
-prompt and answer (draft_along) gives those tokens and confidences for every lookup setting replayed.
+prompt and answer (draft_along) gives those tokens and confidences for every lookup setting replayed. The decoder
+runs the same rule live at p_min 0 (decode/llama_cpp_rule.py); on its greedy answers this replay counts its rounds.
 """
 
 from __future__ import annotations
@@ -58,6 +59,13 @@ class MixedCounts:
     @property
     def draft_n_accepted(self) -> int:
         return self.lookup_accepted + self.model_accepted
+
+    @property
+    def by_source(self) -> dict[str, list[int]]:
+        """[rounds, drafted, accepted] of the lookup's rounds and of the model's, as the decoder's metrics keep them
+        (DecodeMetrics.drafts_by_source)."""
+        return {"lookup": [self.lookup_rounds, self.lookup_drafted, self.lookup_accepted],
+                "model": [self.model_rounds, self.model_drafted, self.model_accepted]}
 
     def __add__(self, other: "MixedCounts") -> "MixedCounts":
         return MixedCounts(**{name: getattr(self, name) + getattr(other, name) for name in self.__dataclass_fields__})

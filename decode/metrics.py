@@ -43,6 +43,10 @@ class DecodeMetrics:
     # per draft-confidence bin (llama.cpp's, decode/acceptance_rules.py): tested positions, their greedy acceptance
     confidence_tested: list[int] = field(default_factory=list)
     confidence_greedy_accepted: list[float] = field(default_factory=list)
+    # with llama.cpp's mixed rule (GammaPolicy.llama_cpp_lookup), per source of drafts ("lookup", "model"): its
+    # row-rounds, drafted tokens and those sample-and-match accepted (llama_cpp_mixed.MixedCounts.by_source); its
+    # rounds leave the drafting rules' sums (tested_per_position ..) at zero, q being a point mass
+    drafts_by_source: dict[str, list[int]] = field(default_factory=dict)
     ttft_s: float = 0.0  # summed over calls
     draft_prefill_s: float = 0.0  # the draft's prompt forward: like ttft, not a per-round cost
     draft_s: float = 0.0  # draft steps in the rounds: forwards and sampling

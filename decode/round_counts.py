@@ -25,6 +25,8 @@ class RoundCounts:
         self.row_rule_accepted = zeros(batch, len(RULES), largest_gamma, dtype=torch.float64)
         self.confidence_tested = zeros(CONFIDENCE_BINS)
         self.confidence_greedy_accepted = zeros(CONFIDENCE_BINS, dtype=torch.float64)
+        # llama.cpp's mixed rule, on the host: [rounds, drafted, accepted] of the lookup's rounds and the model's
+        self.drafts_by_source = {"lookup": [0, 0, 0], "model": [0, 0, 0]}
 
     def count_round(self, gamma: int, rows: int) -> None:
         """A round (an AR step at gamma 0) that `rows` unfinished rows took part in."""
@@ -67,6 +69,15 @@ class RoundCounts:
         self.confidence_tested.scatter_add_(0, bins.flatten(), tested.long().flatten())
         self.confidence_greedy_accepted.scatter_add_(0, bins.flatten(), per_rule[..., RULES.index("greedy")].flatten())
 
+    def count_sources(self, lookup_drafts: list[list[int]], model_lengths: list[int], matched: list[int]) -> None:
+        """A round of llama.cpp's mixed rule: per row the lookup's draft (or []) and the model's length (or 0), and
+        the tokens sample-and-match accepted, as llama_cpp_mixed.MixedCounts counts them."""
+        for copied, model_length, accepted in zip(lookup_drafts, model_lengths, matched):
+            if copied or model_length:
+                counts = self.drafts_by_source["lookup" if copied else "model"]
+                for index, count in enumerate((1, len(copied) or model_length, accepted)):
+                    counts[index] += count
+
     def metrics(self, sequences: int, tokens: int) -> DecodeMetrics:
         """The counts as one call's metrics (its times left at zero)."""
         gamma = len(self.drafted_per_position)
@@ -81,4 +92,5 @@ class RoundCounts:
             rule_accepted_per_position=dict(zip(RULES, self.rule_accepted_per_position.tolist())),
             row_tested=self.row_tested.tolist(), row_rule_accepted=self.row_rule_accepted.tolist(),
             confidence_tested=self.confidence_tested.tolist(),
-            confidence_greedy_accepted=self.confidence_greedy_accepted.tolist())
+            confidence_greedy_accepted=self.confidence_greedy_accepted.tolist(),
+            drafts_by_source={source: list(counts) for source, counts in self.drafts_by_source.items()})

@@ -49,6 +49,13 @@ SLOW_TESTS = {
         "test_a_regular_log_file_is_appended_to_run_after_run",
         "test_log_lines_name_a_url_without_its_credentials_in_the_log_file_and_on_the_console",
     },
+    "test_mixed_decoding.py": {
+        "test_the_mixed_rule_keeps_the_target_distribution",
+        "test_the_mixed_rule_on_prompts_of_mixed_lengths_in_one_batch_keeps_each_distribution",
+        "test_the_mixed_rule_with_a_pruned_draft_vocabulary_keeps_the_distribution",
+        "test_the_mixed_rule_with_dynamic_gamma_keeps_the_distribution",
+        "test_the_mixed_rule_with_top_k_or_top_p_keeps_the_target_distribution",
+    },
     "test_monitor.py": {
         "test_exit_codes_of_the_command_line_for_healthy_drift_and_error",
     },

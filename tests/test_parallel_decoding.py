@@ -51,10 +51,10 @@ def decoder_for(target, draft, eos=(), runner=NativeLlamaRunner):
 
 @pytest.mark.parametrize("gamma", [2, 4])
 def test_parallel_drafting_keeps_the_target_distribution(target, rule, gamma):
-    p_value, alpha = decoder_p_value(decoder_for(target, parallel_draft(target)), target, SETTINGS["temperature 1"],
-                                     GammaPolicy(gamma=gamma), seed=gamma, samples=SAMPLES)
+    p_value, metrics = decoder_p_value(decoder_for(target, parallel_draft(target)), target, SETTINGS["temperature 1"],
+                                       GammaPolicy(gamma=gamma), seed=gamma, samples=SAMPLES)
     if rule == "min(1, p/q)":
-        assert 0.2 < alpha < 0.9, "the test needs both acceptances and rejections"
+        assert 0.2 < metrics.alpha < 0.9, "the test needs both acceptances and rejections"
     expect_the_rule(rule, p_value)
 
 
@@ -65,14 +65,14 @@ def test_parallel_drafting_with_top_p_keeps_the_target_distribution(target):
 
 def test_parallel_drafting_with_dynamic_gamma_keeps_the_distribution(target):
     """gamma grows and shrinks, and the catch-up of the next round with it."""
-    p_value, rounds_per_gamma = dynamic_gamma_p_value(decoder_for(target, parallel_draft(target)), target)
-    assert all(rounds_per_gamma[1:]), f"gamma did not move: {rounds_per_gamma}"
+    p_value, metrics = dynamic_gamma_p_value(decoder_for(target, parallel_draft(target)), target)
+    assert all(metrics.rounds_per_gamma[1:]), f"gamma did not move: {metrics.rounds_per_gamma}"
     assert p_value > 1e-3
 
 
 def test_parallel_drafting_on_prompts_of_mixed_lengths_in_one_batch_keeps_each_distribution(target, rule):
     expect_the_rule(rule, mixed_lengths_p_value(decoder_for(target, parallel_draft(target)), target,
-                                                GammaPolicy(gamma=3), seed=4))
+                                                GammaPolicy(gamma=3), seed=4)[0])
 
 
 def test_a_pruned_parallel_draft_keeps_the_distribution(target):

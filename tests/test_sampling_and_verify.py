@@ -45,6 +45,28 @@ def test_rows_accept_independently():
     assert next_token.tolist() == [6, 5, 4]
 
 
+def test_rows_of_their_own_draft_lengths_accept_only_their_own_tokens_then_draw_the_bonus_there():
+    """Row 0 drafted 1 token, row 1 all 3, row 2 none: past its length a row never accepts, and a row that accepted
+    all of its own draws the bonus token from p at its length."""
+    draft_tokens = torch.tensor([[1, 2, 3], [1, 2, 3], [1, 2, 3]])
+    targets = torch.tensor([[1, 4, 3, 6], [1, 2, 3, 6], [5, 2, 3, 6]])
+    accepted, next_token = verify(draft_tokens, None, one_hot(targets), draft_lengths=torch.tensor([1, 3, 0]))
+    assert accepted.tolist() == [1, 3, 0]
+    assert next_token.tolist() == [4, 6, 5]
+
+
+def test_no_draft_probabilities_are_a_point_mass_on_each_drafted_token():
+    """q None draws exactly what the one-hot q of the drafted tokens draws from the same uniforms."""
+    n = 2_000
+    target_probs = torch.softmax(torch.randn(n, 3, VOCAB, dtype=torch.float64), -1)
+    draft_tokens = torch.randint(VOCAB, (n, 2))
+    lengths = torch.randint(3, (n,))
+    point_mass, as_none = (verify(draft_tokens, q, target_probs, torch.Generator().manual_seed(1), lengths)
+                           for q in (one_hot(draft_tokens), None))
+    assert all(torch.equal(a, b) for a, b in zip(point_mass, as_none))
+    assert (point_mass[0] <= lengths).all() and (point_mass[0] < lengths).any() and (point_mass[0] > 0).any()
+
+
 def test_accept_probability_is_min_one_p_over_q_and_residual_is_max_p_minus_q():
     """p = (.5, .5), q = (1, 0): token 0 is kept half the time; a rejection must give token 1."""
     n = 200_000

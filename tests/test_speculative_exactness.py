@@ -97,14 +97,16 @@ def chi_square_p_value(sequences, exact, ddof=0):
 
 
 def speculative_p_value(target, draft, sampling, policy, seed=0):
-    return decoder_p_value(decoder_for(target, draft), target, sampling, policy, seed)
+    p_value, metrics = decoder_p_value(decoder_for(target, draft), target, sampling, policy, seed)
+    return p_value, metrics.alpha
 
 
-def decoder_p_value(decoder, target, sampling, policy, seed=0, samples=SAMPLES) -> tuple[float, float]:
-    """(the chi-square p-value, alpha) of `samples` rows of PROMPT decoded by `decoder` against the target."""
+def decoder_p_value(decoder, target, sampling, policy, seed=0, samples=SAMPLES,
+                    prompt=PROMPT) -> tuple[float, DecodeMetrics]:
+    """(the chi-square p-value, the metrics) of `samples` rows of `prompt` decoded by `decoder` against the target."""
     with one_thread():
-        result = decoder.generate([PROMPT] * samples, NEW_TOKENS, sampling, policy, seed=seed)
-    return chi_square_p_value(result.tokens, exact_distribution(target, sampling)), result.metrics.alpha
+        result = decoder.generate([prompt] * samples, NEW_TOKENS, sampling, policy, seed=seed)
+    return chi_square_p_value(result.tokens, exact_distribution(target, sampling, prompt=prompt)), result.metrics
 
 
 @contextlib.contextmanager
@@ -254,36 +256,40 @@ def test_prompts_of_different_lengths_in_one_batch_keep_each_distribution(models
     """Rows at different positions share every forward; each follows its own prompt's distribution. One
     chi-square over (prompt, sequence) cells, with the rows per prompt fixed by the design."""
     target, draft = models
-    expect_the_rule(rule, mixed_lengths_p_value(decoder_for(target, draft), target, GammaPolicy(gamma=2), seed=4))
+    expect_the_rule(rule, mixed_lengths_p_value(decoder_for(target, draft), target, GammaPolicy(gamma=2),
+                                                seed=4)[0])
 
 
-def mixed_lengths_p_value(decoder, target, policy, seed, rows=MIXED_SAMPLES):
-    """The chi-square p-value of MIXED_PROMPTS decoded in one batch at temperature 1, each against its own
-    prompt's distribution."""
+def mixed_lengths_p_value(decoder, target, policy, seed, rows=MIXED_SAMPLES,
+                          prompts=MIXED_PROMPTS) -> tuple[float, DecodeMetrics]:
+    """(the chi-square p-value, the metrics) of `prompts` decoded in one batch at temperature 1, each against its
+    own prompt's distribution."""
     sampling = SETTINGS["temperature 1"]
-    prompts = [MIXED_PROMPTS[row % len(MIXED_PROMPTS)] for row in range(rows)]
     with one_thread():
-        result = decoder.generate(prompts, NEW_TOKENS, sampling, policy, seed=seed)
-    outcomes = [(row % len(MIXED_PROMPTS), *tokens) for row, tokens in enumerate(result.tokens)]
-    exact = {(index, *sequence): probability / len(MIXED_PROMPTS)
-             for index, prompt in enumerate(MIXED_PROMPTS)
+        result = decoder.generate([prompts[row % len(prompts)] for row in range(rows)], NEW_TOKENS, sampling, policy,
+                                  seed=seed)
+    outcomes = [(row % len(prompts), *tokens) for row, tokens in enumerate(result.tokens)]
+    exact = {(index, *sequence): probability / len(prompts)
+             for index, prompt in enumerate(prompts)
              for sequence, probability in exact_distribution(target, sampling, prompt=prompt).items()}
-    return chi_square_p_value(outcomes, exact, ddof=len(MIXED_PROMPTS) - 1)
+    return chi_square_p_value(outcomes, exact, ddof=len(prompts) - 1), result.metrics
 
 
-def dynamic_gamma_p_value(decoder, target, samples=DYNAMIC_SAMPLES, largest_batch=DYNAMIC_LARGEST_BATCH) -> tuple[float, list[int]]:
-    """(the chi-square p-value, the rounds at each gamma) of rows decoded 1 to largest_batch at a time at
-    temperature 1 with gamma moving in [1, 3], so that it both grows and shrinks."""
-    sampling, policy = SETTINGS["temperature 1"], GammaPolicy(gamma=2, dynamic=True, min_gamma=1, max_gamma=3)
-    sequences, rounds_per_gamma, call = [], [0, 0, 0, 0], 0
+def dynamic_gamma_p_value(decoder, target, samples=DYNAMIC_SAMPLES, largest_batch=DYNAMIC_LARGEST_BATCH,
+                          policy=GammaPolicy(gamma=2, dynamic=True, min_gamma=1, max_gamma=3),
+                          prompt=PROMPT) -> tuple[float, DecodeMetrics]:
+    """(the chi-square p-value, the metrics summed) of rows decoded 1 to largest_batch at a time at temperature 1
+    with gamma moving in [1, 3], so that it both grows and shrinks."""
+    sampling, sequences, metrics, call = SETTINGS["temperature 1"], [], DecodeMetrics(), 0
     with one_thread():
         while len(sequences) < samples:
-            result = decoder.generate([PROMPT] * (1 + call % largest_batch), DYNAMIC_NEW_TOKENS, sampling, policy,
+            result = decoder.generate([prompt] * (1 + call % largest_batch), DYNAMIC_NEW_TOKENS, sampling, policy,
                                       seed=call)
             sequences += result.tokens
-            rounds_per_gamma = [a + b for a, b in zip(rounds_per_gamma, result.metrics.rounds_per_gamma)]
+            metrics += result.metrics
             call += 1
-    return chi_square_p_value(sequences, exact_distribution(target, sampling, DYNAMIC_NEW_TOKENS)), rounds_per_gamma
+    exact = exact_distribution(target, sampling, DYNAMIC_NEW_TOKENS, prompt=prompt)
+    return chi_square_p_value(sequences, exact), metrics
 
 
 COPY_SAMPLES = 12_000

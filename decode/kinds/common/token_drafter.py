@@ -16,10 +16,15 @@ class TokenDrafter(Drafter):
         no_logits = torch.empty(state.batch, 0, dtype=torch.long, device=state.tokens.device)
         self.runner.forward(prompt_block, start, state.longest_prompt, logits_at=no_logits)
 
-    def propose(self, state: RowState, gamma: int, sampling: SamplingParams, kv_len: int, copies=None):
-        start = state.lengths - 2
-        catch_up = state.tokens.gather(1, start[:, None] + torch.arange(2, device=start.device))
-        last = torch.ones(state.batch, 1, dtype=torch.long, device=start.device)
+    drafts_llama_cpp_model_rounds = True
+
+    def propose(self, state: RowState, gamma: int, sampling: SamplingParams, kv_len: int, copies=None,
+                unread: int = 2):
+        """unread: how many of its last tokens each row feeds first, the most any row's cache lacks (2 after a round
+        the draft drafted: the last draft token and the target's; more after rounds it sat out)."""
+        start = (state.lengths - unread).clamp(min=0)  # a short row reads past its end: the next forward drops that
+        catch_up = state.tokens.gather(1, start[:, None] + torch.arange(unread, device=start.device))
+        last = (state.lengths - 1 - start)[:, None]
         logits = self.runner.forward(catch_up, start, kv_len, logits_at=last)
         return sample_steps(logits, gamma, sampling, state.generator, lambda step, tokens: self.runner.forward(
             tokens[:, None], state.lengths + step, kv_len), copies)

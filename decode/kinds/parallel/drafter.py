@@ -26,6 +26,7 @@ TIMED_GAMMA = DEFAULT_GAMMA  # the round whose draft forward the step costs time
 class ParallelDrafter(TokenDrafter):
     parallel = True
     timed_tokens = TIMED_GAMMA
+    drafts_llama_cpp_model_rounds = False
 
     def __init__(self, runner, mask_token_id: int):
         super().__init__(runner)
