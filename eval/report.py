@@ -49,6 +49,7 @@ class Draft:
 def validate(settings: ReportConfig, decode: DecodeConfig, pair: PairConfig) -> None:
     """Refuses impossible settings before any model is loaded."""
     decode.validate()
+    decode.refuse_llama_cpp_lookup("python -m eval")
     for name in ("max_prompts", "max_new_tokens", "batch_size"):
         if getattr(settings, name) < 1:
             raise ConfigError(f"eval.{name} must be >= 1, got {getattr(settings, name)}")

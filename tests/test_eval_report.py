@@ -14,7 +14,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 import eval.__main__ as eval_command
 from decode.config import DecodeConfig, PairConfig
-from decode.errors import PairError, PromptError
+from decode.errors import ConfigError, PairError, PromptError
 from decode.metrics import DecodeMetrics
 from decode.models import ModelSpec
 from decode.pair import load_pair
@@ -25,7 +25,7 @@ from decode.figures import AcceptanceFigures
 from eval.acceptance import Decodes
 from eval.bootstrap import bootstrap_interval, ratio_of_sums
 from eval.report import (ALL_DOMAINS, TABLE_COLUMNS, Draft, Measurements, build_report, draft_figures, evaluate,
-                         format_markdown, load_drafts, table_rows, winner, winner_lines)
+                         format_markdown, load_drafts, table_rows, validate, winner, winner_lines)
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = PairConfig(target=ModelSpec(path="tiny-random", dtype="float32", device="cpu"),
@@ -152,6 +152,13 @@ def test_the_target_as_its_own_draft_wins_every_domain(comparison, target_dir):
 def test_a_missing_draft_path_is_a_user_error():
     with pytest.raises(PairError, match="draft not found: /nonexistent/draft"):
         load_drafts(TINY, ["/nonexistent/draft"])
+
+
+def test_the_decoders_mixed_rule_is_refused_where_the_eval_replays_the_lookups_itself():
+    decode = DecodeConfig(llama_cpp_lookup="ngram-map-k:2:8")
+    decode.gamma_policy()  # a valid setting, for the decoder's own runs
+    with pytest.raises(ConfigError, match="decode.llama_cpp_lookup is not for python -m eval"):
+        validate(ReportConfig(), decode, TINY)
 
 
 def test_a_draft_with_another_tokenizer_is_refused(tmp_path):

@@ -108,6 +108,7 @@ def validate(config: TrainConfig) -> None:
     if method.max_length < 16:
         raise ConfigError(f"method.max_length must be >= 16 tokens, got {method.max_length}")
     config.decode.validate()
+    config.decode.refuse_llama_cpp_lookup("python -m train")
     config.generate.sampling(config.decode)
     if config.domain.source == "magpie":
         check_magpie_settings(config.domain)
