@@ -6,9 +6,11 @@ import json
 import torch
 
 import train.stage
-from decode.kinds.base import KindSettings
+from decode.kinds.base import REPEAT_ROWS, KindSettings
+from decode.kinds.registry import kind_named
 from distill.repeats import LONGEST, SHORTEST, repeat_examples, repeat_records
 from distill.stage import target_answers
+from train.config import MethodConfig
 from train.stage import run_train
 from tests.test_eagle3_train import DECODE, DOMAIN, GENERATE, PROMPTS, settings, stage_context
 
@@ -50,8 +52,9 @@ def test_the_train_stage_trains_on_them_drawn_from_the_tokens_the_draft_keeps(ti
 
     monkeypatch.setattr(train.stage, "repeat_examples", recorded)
     target_answers(stage_context(tiny_pair, tmp_path / "generate"), DOMAIN, GENERATE, DECODE, PROMPTS, create=True)
-    without = run_train(stage_context(tiny_pair, tmp_path / "without"), settings(max_steps=1, prune_vocab=64),
-                        KindSettings(), DOMAIN, GENERATE, DECODE, PROMPTS)
+    without = run_train(stage_context(tiny_pair, tmp_path / "without"),
+                        settings(max_steps=1, prune_vocab=64, repeat_rows=0), KindSettings(), DOMAIN, GENERATE, DECODE,
+                        PROMPTS)
     assert not drawn and without.repeat_tokens == 0
 
     ctx = stage_context(tiny_pair, tmp_path / "with")
@@ -63,3 +66,10 @@ def test_the_train_stage_trains_on_them_drawn_from_the_tokens_the_draft_keeps(ti
     kept = set(json.loads((ctx.draft_dir / "config.json").read_text())["draft_vocab"])
     special = set(tiny_pair.eos_token_ids) | set(tiny_pair.tokenizer.all_special_ids)
     assert set(drawn["token_ids"]) == kept - special
+
+
+def test_left_out_a_draft_model_trains_on_the_default_count_and_a_head_over_the_targets_states_on_none():
+    assert kind_named("causal_lm").repeat_rows(MethodConfig()) == REPEAT_ROWS > 0
+    assert kind_named("causal_lm").repeat_rows(MethodConfig(repeat_rows=7)) == 7
+    for head in ("eagle3", "dflash"):
+        assert kind_named(head).repeat_rows(MethodConfig()) == 0

@@ -59,8 +59,11 @@ class MethodConfig:
     on_policy_answers: int = 0
     on_policy_from_epoch: int = 1
     # random sequences of 16 to 80 tokens read twice, labelled by the target over the second reading and trained on
-    # beside its answers: a derived draft learns to copy its context from them (distill/repeats.py; 0: none)
-    repeat_rows: int = 0
+    # beside its answers: a derived draft learns to copy its context from them (distill/repeats.py; 0: none; None:
+    # 400 for a draft model, which adds a quarter to the default's steps, none for a head over the target's states).
+    # With them the default draft repeats such a sequence 0.77 of the time (0.00 without) and accepts more of the
+    # validation answers (BENCHMARKS.md)
+    repeat_rows: Optional[int] = None
     # a checkpoint of the default draft and its optimizer is 0.5 GB (about 1.7 s to write on a CPU VM) and a
     # validation pass about 2.5 s: every 24 steps they took a quarter of the train stage
     checkpoint_every: int = 100

@@ -83,7 +83,7 @@ def validate(config: TrainConfig) -> None:
             raise ConfigError(f"generate.{key} must be >= 1, got {getattr(config.generate, key)}")
     if method.loss not in LOSSES:
         raise ConfigError(f"method.loss {method.loss!r} is not one of {sorted(LOSSES)}")
-    if method.repeat_rows < 0:
+    if method.repeat_rows is not None and method.repeat_rows < 0:
         raise ConfigError(f"method.repeat_rows must be >= 0 (0: no random sequences read twice), got "
                           f"{method.repeat_rows}")
     if method.on_policy_answers < 0 or method.on_policy_from_epoch < 0:

@@ -69,14 +69,15 @@ def run_train(ctx: RunContext, method: MethodConfig, settings: KindSettings, dom
 
 def _repeat_examples(ctx: RunContext, method: MethodConfig, generate: GenerateConfig, kept: list[int] | None,
                      top_k_logprobs: int) -> list:
-    """method.repeat_rows random sequences read twice, of the tokens the draft keeps (none of the special ones),
+    """The kind's count of random sequences read twice (method.repeat_rows), of the tokens the draft keeps (none of the special ones),
     labelled by the target as the answers were."""
-    if not method.repeat_rows:
+    rows = ctx.pair.kind.repeat_rows(method)
+    if not rows:
         return []
     special = set(_always_kept_tokens(ctx))
     token_ids = [token for token in (kept if kept is not None else range(ctx.pair.vocab_size)) if token not in special]
     target = ctx.pair.target_runner()
-    return repeat_examples(target, token_ids, method.repeat_rows, top_k_logprobs, method.max_length, ctx.seed,
+    return repeat_examples(target, token_ids, rows, top_k_logprobs, method.max_length, ctx.seed,
                            labelling_precision(target, generate.autocast))
 
 

@@ -147,7 +147,10 @@ class HiddenStateHeadKind(DraftKind[SettingsT]):
                               f"to 0")
         if method.repeat_rows:
             raise ConfigError(f"method.repeat_rows is not supported for pair.draft.kind={self.name}: the head reads "
-                              f"the target's states, which are cached per answers dataset; set it to 0")
+                              f"the target's states, which are cached per answers dataset; leave it out")
+
+    def repeat_rows(self, method: MethodConfig) -> int:
+        return 0
 
     def training_inputs(self, ctx: RunContext, draft: nn.Module, splits: list[tuple[list[Example], str]],
                         batch_size: int):
