@@ -4,6 +4,7 @@ examples carry, the training objective and the saving."""
 
 from __future__ import annotations
 
+from decode.allocator import release_idle_memory
 from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.kinds.base import KindSettings
@@ -77,8 +78,11 @@ def _repeat_examples(ctx: RunContext, method: MethodConfig, generate: GenerateCo
     special = set(_always_kept_tokens(ctx))
     token_ids = [token for token in (kept if kept is not None else range(ctx.pair.vocab_size)) if token not in special]
     target = ctx.pair.target_runner()
-    return repeat_examples(target, token_ids, rows, top_k_logprobs, method.max_length, ctx.seed,
-                           labelling_precision(target, generate.autocast))
+    examples = repeat_examples(target, token_ids, rows, top_k_logprobs, method.max_length, ctx.seed,
+                               labelling_precision(target, generate.autocast))
+    del target
+    release_idle_memory()  # the target's runner and weights' pages, which training never reads
+    return examples
 
 
 def _always_kept_tokens(ctx: RunContext) -> list[int]:
