@@ -14,8 +14,8 @@ from distill.config import DomainConfig, GenerateConfig
 from distill.conversations import chat_prompt_ids
 from distill.data import DomainPrompts, answer_token_count, at_one_width, examples_from_records
 from distill.on_policy import OnPolicySampler
-from distill.repeats import repeat_examples
 from distill.generate import labelling_precision
+from distill.repeats import repeat_examples
 from distill.stage import target_answers
 from distill.vocab import most_probable_tokens, target_mass
 from train.config import MethodConfig
@@ -38,13 +38,13 @@ def run_train(ctx: RunContext, method: MethodConfig, settings: KindSettings, dom
     if method.prune_vocab:
         kept = most_probable_tokens(target_mass(train_examples), method.prune_vocab, _always_kept_tokens(ctx),
                                     ctx.pair.vocab_size)
-    repeats = _repeat_examples(ctx, method, generate, kept, len(train_examples[0].target_top_ids[0]))
+    recorded_k = len(train_examples[0].target_top_ids[0])  # below top_k_logprobs where a server capped it
+    repeats = _repeat_examples(ctx, kind.repeat_rows(method), method, generate, kept, recorded_k)
     draft = kind.starting_draft(ctx.pair, method, settings, kept, ctx.seed)
     draft_vocab_size = kind.draft_vocab_size(draft, ctx.pair.vocab_size)
     (train_inputs, validation_inputs), inputs_record = kind.training_inputs(
         ctx, draft, [(train_examples + repeats, generated.train_data), (validation_examples, generated.validation_data)],
         generate.batch_size)
-    recorded_k = len(train_examples[0].target_top_ids[0])  # below top_k_logprobs where a server capped it
     on_policy = _on_policy_sampler(ctx, method, domain, generate, decode, prompts, recorded_k) \
         if method.on_policy_answers else None
     objective = kind.objective(draft, ctx.pair, method, settings, ctx.accelerator.device)
@@ -68,11 +68,10 @@ def run_train(ctx: RunContext, method: MethodConfig, settings: KindSettings, dom
     return result
 
 
-def _repeat_examples(ctx: RunContext, method: MethodConfig, generate: GenerateConfig, kept: list[int] | None,
-                     top_k_logprobs: int) -> list:
-    """The kind's count of random sequences read twice (method.repeat_rows), of the tokens the draft keeps (none of the special ones),
-    labelled by the target as the answers were."""
-    rows = ctx.pair.kind.repeat_rows(method)
+def _repeat_examples(ctx: RunContext, rows: int, method: MethodConfig, generate: GenerateConfig,
+                     kept: list[int] | None, top_k_logprobs: int) -> list:
+    """`rows` random sequences read twice (method.repeat_rows), of the tokens the draft keeps (none of the special
+    ones), labelled by the target as the answers were."""
     if not rows:
         return []
     special = set(_always_kept_tokens(ctx))
