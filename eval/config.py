@@ -13,7 +13,7 @@ class EvalConfig:
     batch_size: int = 16  # prompts decoded together for acceptance (batching changes the time, not what is accepted)
     # the first of them also decoded with the untrained draft, for the figure before training (it accepts so
     # little that its decodes are the slowest of the stage; null: all of them)
-    untrained_prompts: Optional[int] = 16
+    untrained_prompts: Optional[int] = 8
     speed_prompts: int = 16  # the first of them also decoded one request at a time, for speed (0: no speed)
     compare_ar: bool = True  # also decode the speed prompts autoregressively, for the speed ratio
     at_recommended_gamma: bool = True  # also measure the trained draft at the gamma its acceptance and cost call for

@@ -68,8 +68,11 @@ class MethodConfig:
     # validation pass about 2.5 s: every 24 steps they took a quarter of the train stage
     checkpoint_every: int = 100
     keep_checkpoints: int = 2
-    eval_every: int = 50
+    eval_every: int = 100  # steps between validation passes (and the last step)
     autocast: str = "auto"  # auto | bf16 | off: bf16 autocast of the draft's forward; auto measures it on a CPU
+    # auto | sdpa | eager: transformers' attention in the draft's training forwards; auto times a training step
+    # with each on a CPU (train/attention.py). A draft of its own kind (an EAGLE-3 or DFlash head) runs its own
+    attention: str = "auto"
     lora: Optional[LoraSettings] = None
 
 

@@ -44,6 +44,7 @@ from distill.answers_from_server import answer_source
 from distill.stage import target_answers
 from eval.llama_cpp_mixed import answers_on_disk
 from eval.stage import run_eval
+from train.attention import SETTINGS as ATTENTION_SETTINGS
 from train.config import STAGES, TrainConfig, as_dict
 from train.stage import run_train
 
@@ -104,6 +105,8 @@ def validate(config: TrainConfig) -> None:
     for key, setting in (("method.autocast", method.autocast), ("generate.autocast", config.generate.autocast)):
         if setting not in AUTOCAST_SETTINGS:
             raise ConfigError(f"{key} must be one of {AUTOCAST_SETTINGS}, got {setting!r}")
+    if method.attention not in ATTENTION_SETTINGS:
+        raise ConfigError(f"method.attention must be one of {ATTENTION_SETTINGS}, got {method.attention!r}")
     kind_named(config.pair.draft.kind).check_method(method)
     if method.max_length < 16:
         raise ConfigError(f"method.max_length must be >= 16 tokens, got {method.max_length}")

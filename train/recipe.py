@@ -41,11 +41,13 @@ from decode.allocator import freed_memory_reused, return_freed_memory
 from decode.errors import ConfigError, TrainingDiverged
 from decode.examples import Example
 from decode.kinds.base import TrainingObjective
-from decode.precision import choose_precision, cpu_bf16_speedup
+from decode.kinds.common.pruned_head import base_causal_lm
+from decode.precision import choose_precision, cpu_bf16_speedup, too_small_to_time
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.losses import LOSSES, coarse_grained, masked_sum
 from distill.on_policy import OnPolicySampler
 from distill.throughput import LabelRate
+from train.attention import choose_attention, eager_speedup
 from train.batching import epoch_order
 from train.checkpoints import Checkpoints
 from train.config import MethodConfig
@@ -110,6 +112,9 @@ class DistillationRecipe:
         if self.resumed:
             autocast = self.resumed.trainer_state.get("autocast", autocast)
         self.precision = choose_precision(autocast, device.type, lambda: self._bf16_speedup(draft), "train")
+        attention = (self.resumed.trainer_state.get("attention") if self.resumed else None) or settings.attention
+        self.attention = choose_attention(attention, base_causal_lm(draft), device.type,
+                                          lambda: self._eager_speedup(draft))
         trainable = [p for p in draft.parameters() if p.requires_grad]
         # fused: one pass over each tensor where the default takes several (on a CPU the 2-layer draft's update, its
         # 28M-element embedding included, went from 96 to 18 ms); FSDP's sharded parameters keep the default
@@ -184,7 +189,7 @@ class DistillationRecipe:
                 if self.step % self.settings.checkpoint_every == 0 or self.step == self.total_steps:
                     self._save_checkpoint()  # the final one too: a rerun of a finished run trains no more
         history.setdefault("final_loss", float("nan"))
-        history.update(steps=self.total_steps, **self.precision.summary())
+        history.update(steps=self.total_steps, **self.precision.summary(), **self.attention.summary())
         if self.objective.draft_steps > 1 and self.step_acceptance:
             history["validation_acceptance_steps"] = self.step_acceptance
         if self.on_policy:
@@ -257,6 +262,22 @@ class DistillationRecipe:
         draft.zero_grad(set_to_none=True)
         if speedup is None:  # the same on every process: the model's size decides it
             return None
+        return self.accelerator.reduce(torch.tensor(speedup, device=device), reduction="mean").item()
+
+    def _eager_speedup(self, draft) -> float | None:
+        """sdpa's time / eager's time of a forward + backward of the bf16 probe's batch in the training's precision;
+        the mean over the processes, so that all of them choose alike."""
+        device = self.accelerator.device
+        probe_batch = self._probe_batch()
+        step, hidden_size = self.objective.bf16_probe(draft, probe_batch, device)
+        if too_small_to_time(math.prod(probe_batch), hidden_size):
+            return None
+
+        def step_in_precision():
+            with self.precision.autocast():
+                step()
+        speedup = eager_speedup(base_causal_lm(draft), step_in_precision)
+        draft.zero_grad(set_to_none=True)
         return self.accelerator.reduce(torch.tensor(speedup, device=device), reduction="mean").item()
 
     def _probe_batch(self) -> tuple[int, int]:
@@ -395,8 +416,9 @@ class DistillationRecipe:
         if self.on_policy_pool:  # a resumed run goes on with the samples this one was training on
             files["on_policy.json"] = json.dumps({"epoch": self.on_policy_refresh,
                                                   "examples": [e.as_json() for e in self.on_policy_pool]})
-        trainer = {"step": self.step, "autocast": self.precision.name, "processes": self.accelerator.num_processes,
-                   "history": self.history, "step_acceptance": self.step_acceptance}
+        trainer = {"step": self.step, "autocast": self.precision.name, "attention": self.attention.implementation,
+                   "processes": self.accelerator.num_processes, "history": self.history,
+                   "step_acceptance": self.step_acceptance}
         self.checkpoints.save(self.step, self.draft, self.optimizer, self.scheduler, trainer, files)
 
     def _resume(self) -> None:
