@@ -3,9 +3,10 @@
 transformers runs a model's attention through torch's scaled_dot_product_attention (`sdpa`) by default. On a CPU
 its fused kernel is not always the faster one for a small draft's short sequences: on a 2-core Zen 4 VM the
 default draft's training steps ran about 1.15x faster with the plain matmul-and-softmax path (`eager`; the probe
-below read 1.20x), and which wins depends on the CPU and the sequences' length. So on a CPU `auto` times a training step of the probe batch both
-ways and takes `eager` only when it is clearly faster; on a GPU the fused kernel stays. Both compute the same
-attention (up to float rounding), so the choice changes the time of a step, not what the draft learns.
+below read 1.20x), and which wins depends on the CPU and the sequences' length. So on a CPU `auto` times a
+training step of the probe batch both ways and takes `eager` only when it is clearly faster; on a GPU the fused
+kernel stays. Both compute the same attention (up to float rounding), so the choice changes the time of a step,
+not what the draft learns.
 """
 
 from __future__ import annotations
