@@ -74,7 +74,7 @@ def test_a_group_option_sets_only_what_differs_from_the_default(group, path):
 def test_a_domain_file_names_its_domain_and_nothing_else():
     """A shipped domain's settings are the dataclass defaults; the general domain says only that it mixes all of
     them and how many prompts the target writes; summarization adds its decoding (context copies); code adds its
-    code excerpts and the epochs that keep its steps."""
+    code excerpts and its epochs."""
     files = sorted((CONF / "domain").glob("*.yaml"))
     shipped = {path.stem for path in files} - {"general"}
     for path in files:
@@ -85,7 +85,7 @@ def test_a_domain_file_names_its_domain_and_nothing_else():
         elif path.stem == "summarization":
             assert settings == {"domain": {"name": "summarization"}, "decode": {"copy_ngram": 2}}
         elif path.stem == "code":
-            assert settings == {"domain": {"name": "code", "code_excerpts": 500}, "method": {"epochs": 3}}
+            assert settings == {"domain": {"name": "code", "code_excerpts": 500}, "method": {"epochs": 2}}
         else:
             assert settings == {"name": path.stem}
 
