@@ -5,8 +5,9 @@ import torch
 
 from decode.errors import ConfigError
 from decode.precision import FLOAT32, Precision
-from distill.code_text import code_excerpts, excerpt_records, labelled_code_text
+from distill.code_text import SOURCE, code_excerpts, labelled_code_text
 from distill.generate import top_k_labels
+from distill.labelled_text import excerpt_records
 
 
 @pytest.fixture
@@ -30,7 +31,8 @@ def test_excerpts_are_functions_of_kept_files_and_the_same_under_a_seed(packages
     assert sorted(e["id"].split(".")[0] for e in excerpts) == ["alpha", "beta"]  # tests and benchmarks left out
     for excerpt in excerpts:
         module, name = excerpt["id"].split(":")
-        assert excerpt["code"].startswith(f"def {name}(x):") and f"`{name}` from `{module}`" in excerpt["prompt"]
+        assert excerpt["answer"].startswith(f"```python\ndef {name}(x):")
+        assert f"`{name}` from `{module}`" in excerpt["messages"][-1]["content"]
     assert code_excerpts(packages, 10, seed=0) == excerpts
     others = [code_excerpts(packages, 10, seed=s) for s in range(1, 6)]
     assert any(other != excerpts for other in others)  # the seed chooses the functions
@@ -65,9 +67,10 @@ def test_labels_are_the_targets_top_k_at_every_code_token_and_cached(tiny_pair, 
 
 def test_an_excerpt_is_cut_to_its_token_budget_after_the_chat_prompt(tiny_pair, packages):
     excerpts = code_excerpts(packages, 2, seed=0)
-    records = excerpt_records(tiny_pair.tokenizer, excerpts, 12, None)
+    records = excerpt_records(tiny_pair.tokenizer, excerpts, 12, None, SOURCE)
     for record, excerpt in zip(records, excerpts):
-        assert record["input_ids"][: record["prompt_length"]] == tiny_pair.encode_chat([excerpt["prompt"]])[0]
+        (request,) = excerpt["messages"]
+        assert record["input_ids"][: record["prompt_length"]] == tiny_pair.encode_chat([request["content"]])[0]
         assert len(record["input_ids"]) - record["prompt_length"] == 12
 
 
@@ -84,7 +87,7 @@ def test_labels_taken_a_sequence_at_a_time_are_those_of_the_whole_batch_to_the_b
     """The labelling forward's log-softmax and top-k run over one sequence's logits at a time (so that a batch's
     float32 log-probabilities never exist at once): exactly what the whole batch's logits give."""
     runner = tiny_pair.target_runner()
-    records = excerpt_records(tiny_pair.tokenizer, code_excerpts(packages, 2, seed=0), 40, None)
+    records = excerpt_records(tiny_pair.tokenizer, code_excerpts(packages, 2, seed=0), 40, None, SOURCE)
     sequences, starts = [r["input_ids"] for r in records], [r["prompt_length"] for r in records]
     forward, batches = runner.forward, []
 
