@@ -54,6 +54,10 @@ class GenerateResult(PlainRecord):
     # existing code labelled by the target (domain.code_excerpts, distill/code_text.py): where, how many sequences
     code_text_data: Optional[str] = None
     code_text_sequences: int = 0
+    # the user's own text labelled by the target (domain.corpus, distill/corpus.py): the corpus, where, how many
+    corpus: Optional[str] = None
+    corpus_data: Optional[str] = None
+    corpus_sequences: int = 0
 
 
 @dataclass
@@ -70,6 +74,7 @@ class TrainResult(PlainRecord):
     answer_tokens: int = 0  # target-labelled answer tokens of the target's answers trained on (on-policy ones apart)
     prompt_tokens: int = 0  # target-labelled tokens of the prompts trained on (generate.label_prompts)
     code_text_tokens: int = 0  # target-labelled tokens of existing code trained on (domain.code_excerpts)
+    corpus_tokens: int = 0  # target-labelled tokens of the user's own text trained on (domain.corpus)
     repeat_tokens: int = 0  # target-labelled tokens of random sequences read twice (method.repeat_rows)
     # sum(min(p, q)) on the validation answers, before and after (start: None on a resumed run)
     validation_acceptance_start: Optional[float] = None

@@ -37,6 +37,12 @@ class DomainConfig:
     code_excerpts: int = 0
     code_excerpt_tokens: int = 160
     code_root: Optional[str] = None  # the directory whose .py files they come from; None: the site-packages
+    # the user's own text labelled and trained on the same way (distill/corpus.py): a folder (read recursively) or
+    # one file of text, Markdown, reStructuredText, code or .jsonl conversations; corpus_excerpts of its passages,
+    # code blocks and assistant turns, each cut to corpus_excerpt_tokens tokens (0: none)
+    corpus: Optional[str] = None
+    corpus_excerpts: int = 500
+    corpus_excerpt_tokens: int = 160
 
 
 @dataclass

@@ -23,13 +23,17 @@ def json_objects(path: Path, empty_lines: str = "skip"):
                 if empty_lines == "refuse":
                     raise PromptError(f"{where}: empty line; remove it")
                 continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise PromptError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
-            except RecursionError:
-                raise PromptError(f"{where}: JSON nested too deeply to read; a prompt line is one flat object") \
-                    from None
-            if not isinstance(record, dict):
-                raise PromptError(f"{where}: expected a JSON object, got {type(record).__name__}")
-            yield where, number, record
+            yield where, number, json_object(line, where)
+
+
+def json_object(line: str, where: str) -> dict:
+    """One line's JSON object; PromptError naming `where` for a line that is not one."""
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise PromptError(f"{where}: not valid JSON ({error.msg} at column {error.colno})") from None
+    except RecursionError:
+        raise PromptError(f"{where}: JSON nested too deeply to read; a prompt line is one flat object") from None
+    if not isinstance(record, dict):
+        raise PromptError(f"{where}: expected a JSON object, got {type(record).__name__}")
+    return record

@@ -2,7 +2,8 @@
 
 Answers are cached by everything that determines them (distill/generate.py), so the train stage
 looks up what the generate stage made, and a rerun reuses it. A mix (the general domain) gets its target-written
-prompts here, once the target is loaded (distill/magpie.py with_target_written_prompts).
+prompts here, once the target is loaded (distill/magpie.py with_target_written_prompts). Beside the answers, the
+existing texts the domain names (LABELLED_TEXTS: code excerpts, the user's corpus) are labelled by the target here.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ from decode.models import model_fingerprint
 from decode.precision import FLOAT32, Precision
 from distill.config import DomainConfig, GenerateConfig
 from decode.stage_results import GenerateResult
-from distill.code_text import labelled_code_text
+from distill.code_text import SOURCE as CODE_TEXT, labelled_code_text
+from distill.corpus import SOURCE as CORPUS, labelled_corpus
 from distill.data import DomainPrompts, components_count
 from distill.generate import (BOUND_SEQUENCES, answer_batch_size, cache_key, dataset_directory, generate_dataset,
                               generation_precision, labelling_bound, labelling_precision, load_cached_dataset)
@@ -31,6 +33,10 @@ from distill.answers_from_server import answer_source, answering_server
 from distill.served_responses import SERVED
 
 log = logging.getLogger(__name__)
+
+# the existing texts trained on beside the answers, by their records' source: what they are, how to turn them off
+LABELLED_TEXTS = {CODE_TEXT: ("code excerpts", "domain.code_excerpts=0"),
+                  CORPUS: ("excerpts of domain.corpus", "domain.corpus_excerpts=0")}
 
 
 def training_prompts(prompts: DomainPrompts, settings: GenerateConfig) -> dict:
@@ -95,31 +101,50 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                 raise ConfigError(f"no generated answers for these settings ({directory}); "
                                   f"run the generate stage first, e.g. stages=[generate,train]")
             found[split], where[split] = dataset, str(directory)
-        code_text = {}
-        if domain.code_excerpts:
-            found["code_text"], code_text, rate = _code_text(ctx, domain, settings, fingerprint, labelling, create)
-            rates = rates + ([rate.summary()] if rate else [])
-    return found, GenerateResult(train_data=where["train"], validation_data=where["validation"],
-                                 train_answers=len(found["train"]), validation_answers=len(found["validation"]),
-                                 autocast=precision.name if precision else None,
-                                 autocast_speedup=precision.speedup if precision else None, label_rates=rates,
-                                 **code_text)
+        existing, existing_record, existing_rates = _labelled_texts(ctx, domain, settings, fingerprint, labelling,
+                                                                    create)
+    return {**found, **existing}, GenerateResult(
+        train_data=where["train"], validation_data=where["validation"], train_answers=len(found["train"]),
+        validation_answers=len(found["validation"]), autocast=precision.name if precision else None,
+        autocast_speedup=precision.speedup if precision else None, label_rates=rates + existing_rates,
+        **existing_record)
 
 
-def _code_text(ctx: RunContext, domain: DomainConfig, settings: GenerateConfig, fingerprint: str,
-               labelling: Precision | None, create: bool):
-    """-> (the labelled code excerpts, their record, what labelling them cost where this call did it)."""
-    dataset, directory, rate = labelled_code_text(
-        ctx.pair.target_runner, ctx.pair.tokenizer, domain.name, fingerprint, domain.code_excerpts,
-        domain.code_excerpt_tokens, ctx.seed, domain.system_prompt, settings.top_k_logprobs,
-        lambda runner: labelling or labelling_precision(runner, settings.autocast), create,
-        Path(domain.code_root).expanduser() if domain.code_root else None)
-    if dataset is None:
-        raise ConfigError(f"no labelled code excerpts for these settings ({directory}); run the generate stage "
-                          f"first, e.g. stages=[generate,train], or set domain.code_excerpts=0")
-    if create and rate is None:
-        log.info("reusing the labelled code excerpts from %s", directory)
-    return dataset, {"code_text_data": str(directory), "code_text_sequences": len(dataset)}, rate
+def _labelled_texts(ctx: RunContext, domain: DomainConfig, settings: GenerateConfig, fingerprint: str,
+                    labelling: Precision | None, create: bool) -> tuple[dict[str, datasets.Dataset], dict, list[dict]]:
+    """The existing texts the domain trains on beside the answers, labelled by the target -> (their datasets by
+    source, their record's fields, what labelling them cost where this call did it)."""
+    measured = []
+
+    def precision_of(runner) -> Precision:  # the answers' where they measured it, else measured once here
+        if not measured:
+            measured.append(labelling or labelling_precision(runner, settings.autocast))
+        return measured[0]
+
+    target = (ctx.pair.target_runner, ctx.pair.tokenizer, domain.name, fingerprint)
+    labelled = {}
+    if domain.code_excerpts:
+        labelled[CODE_TEXT] = labelled_code_text(
+            *target, domain.code_excerpts, domain.code_excerpt_tokens, ctx.seed, domain.system_prompt,
+            settings.top_k_logprobs, precision_of, create,
+            Path(domain.code_root).expanduser() if domain.code_root else None)
+    if domain.corpus and domain.corpus_excerpts:
+        labelled[CORPUS] = labelled_corpus(
+            *target, Path(domain.corpus).expanduser(), domain.corpus_excerpts, domain.corpus_excerpt_tokens,
+            ctx.seed, domain.system_prompt, settings.top_k_logprobs, precision_of, create)
+    found, rates = {}, []
+    record = {"corpus": domain.corpus} if CORPUS in labelled else {}
+    for source, (dataset, directory, rate) in labelled.items():
+        what, turned_off = LABELLED_TEXTS[source]
+        if dataset is None:
+            raise ConfigError(f"no labelled {what} for these settings ({directory}); run the generate stage "
+                              f"first, e.g. stages=[generate,train], or set {turned_off}")
+        if create and rate is None:
+            log.info("reusing the labelled %s from %s", what, directory)
+        found[source] = dataset
+        record.update({f"{source}_data": str(directory), f"{source}_sequences": len(dataset)})
+        rates += [rate.summary()] if rate else []
+    return found, record, rates
 
 
 def _label_rates(ctx: RunContext, settings: GenerateConfig, answers: datasets.Dataset, seconds: float,

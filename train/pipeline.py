@@ -36,6 +36,7 @@ from decode.export.lookup_card import mixed_line
 from decode.figures import format_figure, format_interval
 from decode.export.stage import export_destination, run_export
 from distill.code_text import RATE_SOURCE as CODE_TEXT_RATE
+from distill.corpus import RATE_SOURCE as CORPUS_RATE
 from distill.conversations import chat_prompt_ids
 from distill.data import DomainPrompts, free_of_control_tokens, load_domain_prompts, shipped_domains
 from distill.losses import LOSSES
@@ -93,13 +94,17 @@ def validate(config: TrainConfig) -> None:
     if method.on_policy_answers and method.max_steps is None and method.on_policy_from_epoch >= method.epochs:
         raise ConfigError(f"method.on_policy_from_epoch ({method.on_policy_from_epoch}) must be below method.epochs "
                           f"({method.epochs}) for method.on_policy_answers to be used (epochs count from 0)")
-    if config.domain.code_excerpts < 0 or config.domain.code_excerpt_tokens < 1:
-        raise ConfigError(f"domain.code_excerpts must be >= 0 (0: none) and domain.code_excerpt_tokens >= 1, got "
-                          f"{config.domain.code_excerpts} and {config.domain.code_excerpt_tokens}")
-    if config.domain.code_excerpts and config.domain.code_root and \
-            not Path(config.domain.code_root).expanduser().is_dir():
-        raise ConfigError(f"domain.code_root {config.domain.code_root} is not a directory: point it at the code "
+    domain = config.domain
+    for count, tokens in (("code_excerpts", "code_excerpt_tokens"), ("corpus_excerpts", "corpus_excerpt_tokens")):
+        if getattr(domain, count) < 0 or getattr(domain, tokens) < 1:
+            raise ConfigError(f"domain.{count} must be >= 0 (0: none) and domain.{tokens} >= 1, got "
+                              f"{getattr(domain, count)} and {getattr(domain, tokens)}")
+    if domain.code_excerpts and domain.code_root and not Path(domain.code_root).expanduser().is_dir():
+        raise ConfigError(f"domain.code_root {domain.code_root} is not a directory: point it at the code "
                           f"whose .py files the draft should learn, or leave it unset (the site-packages)")
+    if domain.corpus_excerpts and domain.corpus and not Path(domain.corpus).expanduser().exists():
+        raise ConfigError(f"domain.corpus {domain.corpus} does not exist: point it at a folder or file of your own "
+                          f"text (documents, code, .jsonl conversations), or leave it unset")
     if config.generate.answers_per_prompt < 1:
         raise ConfigError(f"generate.answers_per_prompt must be >= 1, got {config.generate.answers_per_prompt}")
     for key, setting in (("method.autocast", method.autocast), ("generate.autocast", config.generate.autocast)):
@@ -339,8 +344,7 @@ def _data_lines(trained: TrainResult, generated: GenerateResult | None) -> list[
     """What the draft learned from: target-labelled tokens by source, and what they cost per CPU-minute where this
     run made them (distill/throughput.py)."""
     all_rates = generated.label_rates if generated else []
-    rates = [rate for rate in all_rates if rate["source"] != CODE_TEXT_RATE]
-    code_rates = [rate for rate in all_rates if rate["source"] == CODE_TEXT_RATE]
+    rates = [rate for rate in all_rates if rate["source"] not in (CODE_TEXT_RATE, CORPUS_RATE)]
     made = f" ({rates[0]['tokens_per_minute']:,} per CPU-minute; teacher-forced bound {rates[1]['tokens_per_minute']:,})" \
         if len(rates) >= 2 else ""
     if trained.prompt_tokens and rates and rates[0].get("prompt_tokens"):  # labelled by the answering forwards
@@ -355,9 +359,13 @@ def _data_lines(trained: TrainResult, generated: GenerateResult | None) -> list[
         tokens = sum(rate["tokens"] for rate in trained.on_policy_labels)
         per_minute = 60 * tokens / max(sum(rate["seconds"] for rate in trained.on_policy_labels), 1e-9)
         line += f" and {tokens:,} of the draft's own answers labelled by the target ({per_minute:,.0f} per CPU-minute)"
-    if trained.code_text_tokens:
-        labelled = f" ({code_rates[0]['tokens_per_minute']:,} per CPU-minute)" if code_rates else ""
-        line += f" and {trained.code_text_tokens:,} of existing code, teacher-forced{labelled}"
+    corpus = f"the corpus {Path(generated.corpus).name}" if generated and generated.corpus else "the corpus"
+    for tokens, what, source in ((trained.code_text_tokens, "existing code", CODE_TEXT_RATE),
+                                 (trained.corpus_tokens, corpus, CORPUS_RATE)):
+        if tokens:
+            labelled = next((f" ({rate['tokens_per_minute']:,} per CPU-minute)"
+                             for rate in all_rates if rate["source"] == source), "")
+            line += f" and {tokens:,} of {what}, teacher-forced{labelled}"
     if trained.repeat_tokens:
         line += f" and {trained.repeat_tokens:,} of random sequences read twice (method.repeat_rows)"
     return [line]

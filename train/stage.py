@@ -16,7 +16,7 @@ from distill.data import DomainPrompts, answer_token_count, at_one_width, exampl
 from distill.on_policy import OnPolicySampler
 from distill.generate import labelling_precision
 from distill.repeats import repeat_examples
-from distill.stage import target_answers
+from distill.stage import LABELLED_TEXTS, target_answers
 from distill.vocab import most_probable_tokens, target_mass
 from train.config import MethodConfig
 from train.recipe import DistillationRecipe
@@ -31,9 +31,10 @@ def run_train(ctx: RunContext, method: MethodConfig, settings: KindSettings, dom
     answers, generated = target_answers(ctx, domain, generate, decode, prompts, create=False)
     train_examples = examples_from_records(answers["train"], method.max_length, generate.label_prompts)
     validation_examples = examples_from_records(answers["validation"], method.max_length)
-    code_text_examples = examples_from_records(answers["code_text"], method.max_length) \
-        if "code_text" in answers else []
-    train_examples, validation_examples = at_one_width(train_examples + code_text_examples, validation_examples)
+    existing = {source: examples_from_records(answers[source], method.max_length)
+                for source in LABELLED_TEXTS if source in answers}
+    train_examples, validation_examples = at_one_width(
+        train_examples + [example for examples in existing.values() for example in examples], validation_examples)
     kept = None
     if method.prune_vocab:
         kept = most_probable_tokens(target_mass(train_examples), method.prune_vocab, _always_kept_tokens(ctx),
@@ -53,13 +54,14 @@ def run_train(ctx: RunContext, method: MethodConfig, settings: KindSettings, dom
                                 ctx.tracker, decode.sampling(), on_policy)
     history = recipe.train()
     kind.save(recipe.trained_draft(), ctx, decode.gamma)
-    code_text_tokens = sum(len(example.target_top_ids) for example in code_text_examples)
-    labelled_tokens = sum(len(example.target_top_ids) for example in train_examples) - code_text_tokens
+    existing_tokens = {f"{source}_tokens": sum(len(example.target_top_ids) for example in examples)
+                       for source, examples in existing.items()}  # code_text_tokens, corpus_tokens
+    labelled_tokens = sum(len(example.target_top_ids) for example in train_examples) - sum(existing_tokens.values())
     answer_tokens = answer_token_count(answers["train"], method.max_length)
     result = TrainResult(draft_path=str(ctx.draft_dir), draft_fingerprint=content_fingerprint(ctx.draft_dir),
                          examples=len(train_examples) + len(repeats),
                          answer_tokens=answer_tokens, prompt_tokens=labelled_tokens - answer_tokens,
-                         code_text_tokens=code_text_tokens,
+                         **existing_tokens,
                          repeat_tokens=sum(len(example.target_top_ids) for example in repeats),
                          draft_vocab_size=draft_vocab_size, **inputs_record, **history)
     ctx.tracker.log_model(ctx.draft_dir, f"draft-{domain.name}-{method.name}",
