@@ -60,10 +60,8 @@ def choose_attention(setting: str, model: nn.Module, device_type: str,
         model.set_attn_implementation(setting)
         log.info("train attention: %s (set)", setting)
         return AttentionChoice(setting)
-    if device_type != "cpu":
-        return AttentionChoice(model.config._attn_implementation)
-    speedup = measure_speedup()
-    if speedup is None:
+    speedup = measure_speedup() if device_type == "cpu" else None
+    if speedup is None:  # a GPU, or a model too small to time: the model's own
         return AttentionChoice(model.config._attn_implementation)
     chosen = "eager" if speedup > MIN_SPEEDUP else "sdpa"
     model.set_attn_implementation(chosen)
