@@ -3,7 +3,7 @@ every draft kind's training objective reads (decode/kinds/)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import NotRequired, TypedDict
 
 import numpy as np
@@ -34,6 +34,9 @@ class Example:
     labels_from: int  # the first token whose target distribution is known
     target_top_ids: np.ndarray  # [labelled tokens, k]
     target_top_logprobs: np.ndarray
+    # the tokens of its chat prompt, where it is an answer: a prompt's answers are packed behind one reading of it
+    # (train/packing.py); 0: not an answer to a known prompt
+    prompt_length: int = field(default=0, kw_only=True)
 
     def __post_init__(self):
         top_ids, top_logprobs = top_k_arrays(self.target_top_ids, self.target_top_logprobs)
@@ -42,7 +45,8 @@ class Example:
 
     def as_json(self) -> dict:
         return {"input_ids": self.input_ids, "labels_from": self.labels_from, "target_top_ids":
-                self.target_top_ids.tolist(), "target_top_logprobs": self.target_top_logprobs.tolist()}
+                self.target_top_ids.tolist(), "target_top_logprobs": self.target_top_logprobs.tolist(),
+                "prompt_length": self.prompt_length}
 
     def loss_mask(self) -> list[int]:
         """1 at the positions whose next token is labelled (the logits that predict it)."""
@@ -54,13 +58,15 @@ class Batch(TypedDict):
     """Examples as tensors, right-padded (collate), with what else a draft reads beside them."""
 
     input_ids: torch.Tensor  # [B, T]
-    attention_mask: torch.Tensor  # [B, T]: 1 on the sequence, 0 on padding
-    loss_mask: torch.Tensor  # [B, T]: 1 where the next token is labelled
+    # [B, T]: 1 on the sequence, 0 on padding; packed rows (train/packing.py): [B, 1, T, T], where a token may attend
+    attention_mask: torch.Tensor
+    loss_mask: torch.Tensor  # [B, T]: 1 where the next token is labelled (packed rows: the times it counts)
     target_ids: torch.Tensor  # [B, T, k]: the target's top-k next tokens
     target_logprobs: torch.Tensor  # [B, T, k]: their log-probabilities
     # [B, T, layers x the target's hidden size]: the target's states a head over them reads
     # (decode/kinds/common/target_features.py)
     target_hidden: NotRequired[torch.Tensor]
+    position_ids: NotRequired[torch.Tensor]  # [B, T]: packed rows' positions, each token's in its own sequence
 
 
 # bf16 autocast on a CPU keeps about 13 MB of oneDNN kernels for every batch shape it has run, for the life of the

@@ -71,6 +71,9 @@ class TrainResult(PlainRecord):
     autocast_speedup: Optional[float] = None
     attention: Optional[str] = None  # sdpa | eager: the draft's attention while it trained (None: a head's own)
     attention_speedup: Optional[float] = None  # sdpa's time / eager's of a training step, where it was measured
+    packed: bool = False  # a prompt's answers trained behind one reading of it (method.pack_answers)
+    epoch_tokens: Optional[int] = None  # the tokens an epoch's forwards read, packed
+    unpacked_epoch_tokens: Optional[int] = None  # and what they would have read unpacked
     answer_tokens: int = 0  # target-labelled answer tokens of the target's answers trained on (on-policy ones apart)
     prompt_tokens: int = 0  # target-labelled tokens of the prompts trained on (generate.label_prompts)
     code_text_tokens: int = 0  # target-labelled tokens of existing code trained on (domain.code_excerpts)

@@ -134,7 +134,8 @@ def examples_from_records(records, max_length: int, prompt_labels: bool = False)
             top_ids, top_logprobs = joined_labels(top_k_arrays(record["prompt_top_ids"], record["prompt_top_logprobs"]),
                                                   top_k_arrays(top_ids, top_logprobs))
         labelled = len(ids) - labels_from
-        examples.append(Example(ids, labels_from, top_ids[:labelled], top_logprobs[:labelled]))
+        examples.append(Example(ids, labels_from, top_ids[:labelled], top_logprobs[:labelled],
+                                prompt_length=record["prompt_length"]))
     if dropped:
         log.warning("%d of %d sequences have prompts of max_length (%d) tokens or more and are left out; "
                     "raise method.max_length to keep them", dropped, dropped + len(examples), max_length)

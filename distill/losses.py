@@ -126,5 +126,7 @@ LOSSES = {
 
 
 def masked_sum(per_token: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """per_token [B, T], mask [B, T] -> the sum over unmasked positions (0 when all are masked)."""
-    return torch.where(mask.bool(), per_token, torch.zeros_like(per_token)).sum()
+    """per_token [B, T], mask [B, T] (0, or the times a position counts: a packed prompt's position counts once per
+    answer that reads it, train/packing.py) -> the weighted sum over the counted positions (0 when none is); the
+    others' values, NaN or not, never reach it."""
+    return torch.where(mask.bool(), per_token * mask, torch.zeros_like(per_token)).sum()

@@ -113,6 +113,8 @@ def validate(config: TrainConfig) -> None:
     if method.attention not in ATTENTION_SETTINGS:
         raise ConfigError(f"method.attention must be one of {ATTENTION_SETTINGS}, got {method.attention!r}")
     kind_named(config.pair.draft.kind).check_method(method)
+    if method.pack_answers < 1:
+        raise ConfigError(f"method.pack_answers must be >= 1 (1: no packing), got {method.pack_answers}")
     if method.max_length < 16:
         raise ConfigError(f"method.max_length must be >= 16 tokens, got {method.max_length}")
     config.decode.validate()
@@ -368,7 +370,11 @@ def _data_lines(trained: TrainResult, generated: GenerateResult | None) -> list[
             line += f" and {tokens:,} of {what}, teacher-forced{labelled}"
     if trained.repeat_tokens:
         line += f" and {trained.repeat_tokens:,} of random sequences read twice (method.repeat_rows)"
-    return [line]
+    if not trained.packed:
+        return [line]
+    saved = 1 - trained.epoch_tokens / trained.unpacked_epoch_tokens
+    return [line, f"  a prompt's answers behind one reading of it (method.pack_answers): {trained.epoch_tokens:,} "
+                  f"tokens read an epoch against {trained.unpacked_epoch_tokens:,} unpacked ({saved:.0%} fewer)"]
 
 
 def _rates(rates: list) -> str:

@@ -52,6 +52,7 @@ from train.batching import epoch_order
 from train.checkpoints import Checkpoints
 from train.config import MethodConfig
 from train.fsdp import fill_parameters, is_sharded, meta_copy, sharding_summary, use_fsdp_on_cpu
+from train.packing import answer_groups, collate_packs, packed_length, packs_of
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +116,12 @@ class DistillationRecipe:
         attention = (self.resumed.trainer_state.get("attention") if self.resumed else None) or settings.attention
         self.attention = choose_attention(attention, base_causal_lm(draft), device.type,
                                           lambda: self._eager_speedup(draft))
+        # each training example's group: the answers of one prompt packed behind one reading of it (train/packing.py)
+        self.groups = None
+        if settings.pack_answers > 1 and objective.packs_answers and self.attention.implementation in ("sdpa", "eager"):
+            self.groups = answer_groups(train_examples, settings.pack_answers)
+            self.group_lengths = packed_length(train_examples, self.groups)
+            log.info("%s", self._packing_line())
         trainable = [p for p in draft.parameters() if p.requires_grad]
         # fused: one pass over each tensor where the default takes several (on a CPU the 2-layer draft's update, its
         # 28M-element embedding included, went from 96 to 18 ms); FSDP's sharded parameters keep the default
@@ -189,7 +196,8 @@ class DistillationRecipe:
                 if self.step % self.settings.checkpoint_every == 0 or self.step == self.total_steps:
                     self._save_checkpoint()  # the final one too: a rerun of a finished run trains no more
         history.setdefault("final_loss", float("nan"))
-        history.update(steps=self.total_steps, **self.precision.summary(), **self.attention.summary())
+        history.update(steps=self.total_steps, **self._packing_summary(), **self.precision.summary(),
+                       **self.attention.summary())
         if self.objective.draft_steps > 1 and self.step_acceptance:
             history["validation_acceptance_steps"] = self.step_acceptance
         if self.on_policy:
@@ -209,6 +217,7 @@ class DistillationRecipe:
         for index, batch in enumerate(micro_batches):
             last = index == len(micro_batches) - 1
             with nullcontext() if last else accelerator.no_sync(self.draft):
+                # a packed position counts as many times as the unpacked sequences score it (loss_mask)
                 loss = masked_sum(self.per_token_loss(batch), batch["loss_mask"]) * scale
                 accelerator.backward(loss)
             step_loss += loss.detach()
@@ -294,10 +303,13 @@ class DistillationRecipe:
         examples = self.train_examples + self._on_policy_examples(epoch)
         order = self._epoch_order(epoch, examples)
         begin = (step - self._epoch_start(epoch)) * self.examples_per_step
-        chosen = [examples[order[(begin + i) % len(order)]] for i in range(self.examples_per_step)]
-        mine = chosen[self.accelerator.process_index:: self.accelerator.num_processes]
+        chosen = [order[(begin + i) % len(order)] for i in range(self.examples_per_step)]
+        processes, process = self.accelerator.num_processes, self.accelerator.process_index
+        # each process a run of the step's examples, so that a prompt's answers stay together to be packed
+        mine = chosen[len(chosen) * process // processes: len(chosen) * (process + 1) // processes]
         size = self.settings.micro_batch_size
-        return [self._to_device(self._collate(mine[at: at + size])) for at in range(0, len(mine), size)]
+        return [self._to_device(self._collate([examples[index] for index in mine[at: at + size]], mine[at: at + size]))
+                for at in range(0, len(mine), size)]
 
     def _epoch_steps(self, epoch: int) -> int:
         """An epoch shows every target answer once, and the epoch's on-policy answers once."""
@@ -322,12 +334,36 @@ class DistillationRecipe:
     def _epoch_order(self, epoch: int, examples: list[Example]) -> list[int]:
         if self._order_of_epoch[0] != epoch:
             lengths = [len(example.input_ids) for example in examples]
+            groups = group_lengths = None
+            if self.groups is not None:  # an on-policy answer is a group of its own
+                groups = self.groups + [-1 - index for index in range(len(self.groups), len(examples))]
+                group_lengths = {**self.group_lengths, **{group: lengths[index] for index, group
+                                                          in enumerate(groups) if group < 0}}
             self._order_of_epoch = (epoch, epoch_order(lengths, self.examples_per_step, self.seed * 1000 + epoch,
-                                                       self.settings.group_by_length))
+                                                       self.settings.group_by_length, groups, group_lengths))
         return self._order_of_epoch[1]
 
-    def _collate(self, examples: list[Example]) -> dict:
-        return self.objective.collate(examples, self.pad_token_id)
+    def _collate(self, examples: list[Example], indices: list[int] | None = None) -> dict:
+        """A batch of examples; in training (indices: theirs in the epoch's examples), each run of one group's as one
+        packed row."""
+        if self.groups is None or indices is None:
+            return self.objective.collate(examples, self.pad_token_id)
+        groups = [self.groups[index] if index < len(self.groups) else -1 - index for index in indices]
+        return collate_packs(packs_of(examples, groups), self.pad_token_id,
+                             boolean_mask=self.attention.implementation == "sdpa")
+
+    def _packing_summary(self) -> dict:
+        if self.groups is None:
+            return {"packed": False}
+        return {"packed": True, "epoch_tokens": sum(self.group_lengths.values()),
+                "unpacked_epoch_tokens": sum(len(example.input_ids) for example in self.train_examples)}
+
+    def _packing_line(self) -> str:
+        packing = self._packing_summary()
+        packed, unpacked = packing["epoch_tokens"], packing["unpacked_epoch_tokens"]
+        return (f"{len(self.train_examples)} training sequences in {len(self.group_lengths)} packed rows "
+                f"(method.pack_answers {self.settings.pack_answers}): {packed:,} tokens an epoch against "
+                f"{unpacked:,} unpacked ({1 - packed / unpacked:.0%} fewer)")
 
     # ---- on-policy sequences: the draft's answers as it is at the start of each epoch from on_policy_from_epoch --
     def _samples(self, epoch: int) -> bool:

@@ -90,6 +90,8 @@ class TrainingObjective(abc.ABC):
     # an FSDP auto-wrap policy may make units of submodules (the draft's decoder layers); a module that reads
     # submodules' weights without calling them must be one unit
     fsdp_units_below_root: bool = True
+    # whether training_steps reads packed rows (train/packing.py): a 4D attention_mask and position_ids
+    packs_answers: bool = False
 
     def collate(self, examples: list[Example], pad_token_id: int) -> Batch:
         """Examples -> the batch's tensors (decode/examples.py), with whatever else the draft reads."""

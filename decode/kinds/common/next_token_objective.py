@@ -16,6 +16,8 @@ from decode.kinds.common.pruned_head import (base_causal_lm, prune_for_training,
 
 
 class NextTokenObjective(TrainingObjective):
+    packs_answers = True
+
     def __init__(self, draft: nn.Module, vocab_size: int, device: torch.device):
         self.module = draft
         self.vocab_size = vocab_size
@@ -32,7 +34,7 @@ class NextTokenObjective(TrainingObjective):
     def _logits(self, module: nn.Module, batch: Batch, autocast: Callable) -> torch.Tensor:
         with autocast():
             return module(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                          use_cache=False).logits
+                          position_ids=batch.get("position_ids"), use_cache=False).logits
 
     def training_steps(self, module: nn.Module, batch: Batch, autocast: Callable) -> list[DraftStep]:
         return [DraftStep(self._logits(module, batch, autocast), columns=self.kept_index)]

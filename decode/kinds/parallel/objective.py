@@ -22,6 +22,8 @@ from decode.kinds.common.next_token_objective import NextTokenObjective
 
 
 class ParallelObjective(NextTokenObjective):
+    packs_answers = False  # its mask tokens' attention is its own
+
     def __init__(self, draft: nn.Module, vocab_size: int, device: torch.device, mask_token_id: int,
                  draft_tokens: int, keep: float, min_keep: float):
         super().__init__(draft, vocab_size, device)
