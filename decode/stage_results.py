@@ -72,6 +72,7 @@ class TrainResult(PlainRecord):
     attention: Optional[str] = None  # sdpa | eager: the draft's attention while it trained (None: a head's own)
     attention_speedup: Optional[float] = None  # sdpa's time / eager's of a training step, where it was measured
     packed: bool = False  # a prompt's answers trained behind one reading of it (method.pack_answers)
+    seconds_per_step: Optional[float] = None  # the mean optimizer step of the last call that trained (no validation)
     epoch_tokens: Optional[int] = None  # the tokens an epoch's forwards read, packed
     unpacked_epoch_tokens: Optional[int] = None  # and what they would have read unpacked
     answer_tokens: int = 0  # target-labelled answer tokens of the target's answers trained on (on-policy ones apart)

@@ -187,3 +187,16 @@ def test_the_printed_summary_says_how_many_fewer_tokens_the_packed_rows_read():
     assert _data_lines(trained, None)[1] == ("  a prompt's answers behind one reading of it (method.pack_answers): 700 "
                                              "tokens read an epoch against 1,000 unpacked (30% fewer)")
     assert len(_data_lines(TrainResult("d", "f", 3, 11, 0.5, "off", answer_tokens=96), None)) == 1
+
+
+def test_the_time_line_gives_the_mean_step_and_a_training_records_it(tiny_pair, answered, tmp_path):
+    from decode.run_summary import RunSummary
+    from decode.stage_results import TrainResult
+    from train.pipeline import format_summary
+
+    trained = TrainResult("d", "f", 626, 11, 0.5, "off", answer_tokens=96, seconds_per_step=0.654)
+    summary = format_summary(RunSummary(domain="code", method="distill", train=trained,
+                                        stage_seconds={"train": 480.2, "eval": 180.0}), tmp_path)
+    assert "time per stage: train 480 s (626 steps at 0.65 s), eval 180 s" in summary
+    history = make_recipe(tiny_pair, answered, tmp_path, max_steps=2).train()
+    assert history["seconds_per_step"] > 0

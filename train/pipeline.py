@@ -328,7 +328,9 @@ def format_summary(summary: RunSummary, run_dir: Path) -> str:
                      + (f" (draft steps 1-{len(steps)}: {', '.join(map(format_figure, steps))})" if steps else ""))
     if trained:
         lines += _data_lines(trained, summary.generate)
-    lines.append("time per stage: " + ", ".join(f"{name} {seconds:.0f} s"
+    step_time = f" ({trained.steps} steps at {trained.seconds_per_step:.2f} s)" \
+        if trained and trained.seconds_per_step else ""
+    lines.append("time per stage: " + ", ".join(f"{name} {seconds:.0f} s" + (step_time if name == "train" else "")
                                                 for name, seconds in summary.stage_seconds.items()))
     if trained:
         lines.append(f"draft: {Path(trained.draft_path).resolve()}")
