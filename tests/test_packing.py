@@ -200,3 +200,13 @@ def test_the_time_line_gives_the_mean_step_and_a_training_records_it(tiny_pair, 
     assert "time per stage: train 480 s (626 steps at 0.65 s), eval 180 s" in summary
     history = make_recipe(tiny_pair, answered, tmp_path, max_steps=2).train()
     assert history["seconds_per_step"] > 0
+
+
+def test_a_pack_size_under_one_is_refused_before_any_model_loads():
+    from decode.errors import ConfigError
+    from test_corpus import composed
+    from train.pipeline import validate
+
+    with pytest.raises(ConfigError, match="method.pack_answers must be >= 1"):
+        validate(composed(["method.pack_answers=0"]))
+    validate(composed(["method.pack_answers=1"]))

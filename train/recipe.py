@@ -177,7 +177,7 @@ class DistillationRecipe:
         if self.step == 0 and self.validation_examples:
             history["validation_acceptance_start"] = self.validation_acceptance()
             self.tracker.log({"validation/expected_acceptance": history["validation_acceptance_start"]}, step=0)
-        stepped, step_seconds = 0, 0.0  # the optimizer steps this call ran, and their time (no validation, no saving)
+        stepped, step_seconds = 0, 0.0  # the optimizer steps this call ran and their time (no validation, no saving)
         # each step makes and frees tensors of 100+ MB: kept for the next step's (decode/allocator.py)
         with bar, freed_memory_reused():
             while self.step < self.total_steps:
@@ -185,6 +185,7 @@ class DistillationRecipe:
                 loss = history["final_loss"] = self._optimizer_step(self._micro_batches(self.step))
                 step_seconds += time.perf_counter() - began
                 stepped += 1
+                history["seconds_per_step"] = round(step_seconds / stepped, 3)  # checkpointed: a rerun reports it
                 self.step += 1
                 bar.update(1)
                 postfix["loss"] = f"{loss:.4f}"
@@ -201,8 +202,6 @@ class DistillationRecipe:
                 if self.step % self.settings.checkpoint_every == 0 or self.step == self.total_steps:
                     self._save_checkpoint()  # the final one too: a rerun of a finished run trains no more
         history.setdefault("final_loss", float("nan"))
-        if stepped:
-            history["seconds_per_step"] = round(step_seconds / stepped, 3)
         history.update(steps=self.total_steps, **self._packing_summary(), **self.precision.summary(),
                        **self.attention.summary())
         if self.objective.draft_steps > 1 and self.step_acceptance:
