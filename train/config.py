@@ -53,8 +53,9 @@ class MethodConfig:
     # up to this many answers of one prompt trained in one row behind one reading of the prompt, each position's
     # logits and loss those of the unpacked sequences (train/packing.py; 1: every answer in a row of its own). The
     # draft's kind must read packed rows (a draft model does; an EAGLE-3, DFlash or parallel head does not). On the
-    # code domain 2 read 20% fewer tokens and held out 0.575 against 0.577 unpacked; 4 read 29% fewer but held out
-    # 0.547: a step then sees the answers of 2 prompts instead of 4 to 8 (BENCHMARKS.md)
+    # code domain 2 read 20% fewer tokens (a step 1.12-1.16x faster) and held out 0.575 against 0.577 unpacked, at
+    # about 0.007 less validation; 4 read 29% fewer but held out 0.547: a step then sees the answers of 2 prompts
+    # instead of 4 to 8 (BENCHMARKS.md)
     pack_answers: int = 2
     max_grad_norm: float = 1.0
     train_embeddings: bool = True
