@@ -3,6 +3,7 @@ every draft kind's training objective reads (decode/kinds/)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import NotRequired, TypedDict
 
@@ -79,6 +80,12 @@ def padded_width(longest: int) -> int:
     return -(-longest // LENGTH_STEP) * LENGTH_STEP
 
 
+def stand_in_targets(rows: int, width: int, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """target_ids, target_logprobs [rows, width, k] of a uniform distribution: what a batch holds where no label
+    is, so that no NaN is ever computed there."""
+    return torch.arange(k).expand(rows, width, k).clone(), torch.full((rows, width, k), -math.log(k + 1.0))
+
+
 def collate(examples: list[Example], pad_token_id: int) -> Batch:
     """-> input_ids, attention_mask, loss_mask [B, T]; target_ids, target_logprobs [B, T, k], right-padded to
     padded_width.
@@ -87,12 +94,10 @@ def collate(examples: list[Example], pad_token_id: int) -> Batch:
     there (a NaN would reach the gradient through the mask).
     """
     width = padded_width(max(len(example.input_ids) for example in examples))
-    k = len(examples[0].target_top_ids[0])
     input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
     loss_mask = torch.zeros((len(examples), width), dtype=torch.long)
-    target_ids = torch.arange(k).expand(len(examples), width, k).clone()
-    target_logprobs = torch.full((len(examples), width, k), -torch.log(torch.tensor(k + 1.0)).item())
+    target_ids, target_logprobs = stand_in_targets(len(examples), width, len(examples[0].target_top_ids[0]))
     for row, example in enumerate(examples):
         length = len(example.input_ids)
         input_ids[row, :length] = torch.tensor(example.input_ids)

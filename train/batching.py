@@ -35,12 +35,13 @@ def epoch_order(lengths: list[int], per_step: int, seed: int, group_by_length: b
     if not group_by_length:
         return [index for unit in order for index in units[unit]]
     span = per_step * GROUP_STEPS
-    by_length, in_span = [], []
+    by_length, in_span, sequences_in_span = [], [], 0
     for position, unit in enumerate(order):
         in_span.append(unit)
-        if sum(len(units[u]) for u in in_span) >= span or position == len(order) - 1:
+        sequences_in_span += len(units[unit])
+        if sequences_in_span >= span or position == len(order) - 1:
             by_length += [index for u in sorted(in_span, key=lambda u: unit_lengths[u]) for index in units[u]]
-            in_span = []
+            in_span, sequences_in_span = [], 0
     steps = [by_length[at: at + per_step] for at in range(0, len(by_length), per_step)]
     # the epoch's one short step stays last: the steps after it keep their boundaries
     full_steps, last_step = (steps, []) if len(steps[-1]) == per_step else (steps[:-1], steps[-1])

@@ -18,11 +18,12 @@ attention over a mask of any shape packs (TrainingObjective.packs_answers).
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
 
-from decode.examples import Batch, Example, padded_width
+from decode.examples import Batch, Example, padded_width, stand_in_targets
 
 
 def answer_groups(examples: list[Example], per_pack: int) -> list[int]:
@@ -30,10 +31,10 @@ def answer_groups(examples: list[Example], per_pack: int) -> list[int]:
     prompt tokens) share one, in their order; every other example has its own."""
     groups, open_group, filled = [], {}, {}
     for example in examples:
-        key = (example.prompt_length, tuple(example.input_ids[: example.prompt_length]))
         if example.prompt_length <= 0 or per_pack <= 1:
             groups.append(len(groups) + len(examples))  # ids above every shared group's
             continue
+        key = (example.prompt_length, tuple(example.input_ids[: example.prompt_length]))
         if key not in open_group or filled[key] == per_pack:
             open_group[key], filled[key] = len(groups), 0
         groups.append(open_group[key])
@@ -50,22 +51,11 @@ class PromptPack:
 
     @classmethod
     def of(cls, members: list[Example]) -> PromptPack:
-        shared = len(members[0].input_ids)
-        for member in members[1:]:
-            shared = min(shared, _common_prefix(members[0].input_ids, member.input_ids))
-        return cls(tuple(members), shared)
+        return cls(tuple(members), len(os.path.commonprefix([member.input_ids for member in members])))
 
     @property
     def length(self) -> int:
         return self.shared + sum(len(member.input_ids) - self.shared for member in self.members)
-
-
-def _common_prefix(first: list[int], second: list[int]) -> int:
-    length = min(len(first), len(second))
-    for index in range(length):
-        if first[index] != second[index]:
-            return index
-    return length
 
 
 def packs_of(examples: list[Example], groups: list[int]) -> list[PromptPack]:
@@ -95,13 +85,11 @@ def collate_packs(packs: list[PromptPack], pad_token_id: int, boolean_mask: bool
     first, eager adds the second); target_ids, target_logprobs [B, T, k]. Padding attends to itself alone, so that
     no row of the softmax is empty."""
     width = padded_width(max(pack.length for pack in packs))
-    k = packs[0].members[0].target_top_ids.shape[1]
     rows = len(packs)
     input_ids = torch.full((rows, width), pad_token_id, dtype=torch.long)
     position_ids = torch.zeros((rows, width), dtype=torch.long)
     loss_mask = torch.zeros((rows, width), dtype=torch.long)
-    target_ids = torch.arange(k).expand(rows, width, k).clone()
-    target_logprobs = torch.full((rows, width, k), -torch.log(torch.tensor(k + 1.0)).item())
+    target_ids, target_logprobs = stand_in_targets(rows, width, packs[0].members[0].target_top_ids.shape[1])
     branch = torch.full((rows, width), -1, dtype=torch.long)  # 0: shared; member i: i + 1; -1: padding
     for row, pack in enumerate(packs):
         shared = pack.shared

@@ -341,8 +341,8 @@ class DistillationRecipe:
         if self._order_of_epoch[0] != epoch:
             lengths = [len(example.input_ids) for example in examples]
             groups = group_lengths = None
-            if self.groups is not None:  # an on-policy answer is a group of its own
-                groups = self.groups + [-1 - index for index in range(len(self.groups), len(examples))]
+            if self.groups is not None:
+                groups = [self._group_of(index) for index in range(len(examples))]
                 group_lengths = {**self.group_lengths, **{group: lengths[index] for index, group
                                                           in enumerate(groups) if group < 0}}
             self._order_of_epoch = (epoch, epoch_order(lengths, self.examples_per_step, self.seed * 1000 + epoch,
@@ -354,9 +354,13 @@ class DistillationRecipe:
         packed row."""
         if self.groups is None or indices is None:
             return self.objective.collate(examples, self.pad_token_id)
-        groups = [self.groups[index] if index < len(self.groups) else -1 - index for index in indices]
-        return collate_packs(packs_of(examples, groups), self.pad_token_id,
+        return collate_packs(packs_of(examples, [self._group_of(index) for index in indices]), self.pad_token_id,
                              boolean_mask=self.attention.implementation == "sdpa")
+
+    def _group_of(self, index: int) -> int:
+        """The packing group of the epoch's example `index`: an on-policy answer (after the training examples) is a
+        group of its own, numbered below every other."""
+        return self.groups[index] if index < len(self.groups) else -1 - index
 
     def _packing_summary(self) -> dict:
         if self.groups is None:
