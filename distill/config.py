@@ -43,6 +43,13 @@ class DomainConfig:
     corpus: Optional[str] = None
     corpus_excerpts: int = 500
     corpus_excerpt_tokens: int = 160
+    # long documents to summarize, training prompts the target answers beside the domain's own (distill/documents.py):
+    # document_prompts runs of whole prose paragraphs of one text file of `documents` (a corpus, in domain.corpus's
+    # forms, e.g. installed-docs), each of document_tokens / 2 to document_tokens tokens, after a shipped
+    # summarization instruction (0: none). Sequences that long need a method.max_length to match (BENCHMARKS.md)
+    documents: Optional[str] = None
+    document_prompts: int = 0
+    document_tokens: int = 800
 
 
 @dataclass

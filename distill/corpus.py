@@ -2,8 +2,9 @@
 and trained on beside its answers as the code excerpts are (distill/labelled_text.py): text the target did not
 write, from which the draft learns how the target reads and continues the domain's own material.
 
-The corpus is one file, or a folder read recursively in sorted order (names starting with '.', such as .git, left
-out). Each file by its extension:
+The corpus is one file, a folder read recursively in sorted order (names starting with '.', such as .git, left
+out), or INSTALLED_DOCS: the documentation installed with Python and its packages (distill/installed_docs.py),
+which every machine the product runs on holds. Each file by its extension:
 - text (TEXT_SUFFIXES, or none): its passages, whole paragraphs up to the token budget (distill/passages.py);
 - code (CODE_LANGUAGES): one excerpt, in a block tagged with its language: for .py one function or method, as
   domain.code_excerpts takes them (distill/code_text.py); for another language EXCERPT_LINES lines from a line
@@ -29,6 +30,7 @@ import datasets
 from decode.errors import ConfigError, PromptError
 from distill.code_text import EXCERPT_LINES, function_excerpt, module_name
 from distill.conversations import context_messages, parse_conversation
+from distill.installed_docs import INSTALLED_DOCS, installed_documents
 from distill.jsonl import json_object
 from distill.labelled_text import excerpt_records, fenced, labelled_records, user_turn
 from distill.passages import passage_excerpts
@@ -66,7 +68,7 @@ class CorpusExcerpts:
     files_read: int
     skipped: list[str]
 
-    def summary(self, corpus: Path, count: int) -> str:
+    def summary(self, corpus: Path | str, count: int) -> str:
         line = (f"domain.corpus {corpus}: {self.files_read} files read into {self.found} excerpts, "
                 f"{len(self.excerpts)} drawn (domain.corpus_excerpts={count})")
         if self.skipped:
@@ -75,16 +77,25 @@ class CorpusExcerpts:
         return line
 
 
-def corpus_files(corpus: Path) -> list[tuple[Path, str]]:
-    """(path, its name in messages) of each file of the corpus: the corpus itself, or each file under it by its
-    path there, sorted, the hidden ones left out."""
+def corpus_location(setting: str) -> Path | str:
+    """domain.corpus as read: INSTALLED_DOCS, else a path (~ expanded)."""
+    return setting if setting == INSTALLED_DOCS else Path(setting).expanduser()
+
+
+def corpus_files(corpus: Path | str) -> list[tuple[str, Callable[[], str]]]:
+    """(its name in messages, a reader of its text) of each file of the corpus: the installed documentation's
+    (INSTALLED_DOCS), the corpus itself, or each file under it by its path there, sorted, the hidden ones left
+    out."""
+    if corpus == INSTALLED_DOCS:
+        return [(name, lambda text=text: text) for name, text in installed_documents()]
+    corpus = Path(corpus)
     if not corpus.is_dir():
-        return [(corpus, corpus.name)]
+        return [(corpus.name, lambda: file_text(corpus))]
     files = []
     for path in sorted(corpus.rglob("*")):
         relative = path.relative_to(corpus)
         if not path.is_dir() and not any(part.startswith(".") for part in relative.parts):
-            files.append((path, relative.as_posix()))
+            files.append((relative.as_posix(), lambda path=path: file_text(path)))
     return files
 
 
@@ -148,13 +159,13 @@ def conversation_excerpts(text: str, name: str, domain: str, skip: Skip) -> list
     return excerpts
 
 
-def file_excerpts(path: Path, name: str, seed: int, fits: Callable[[str], bool], domain: str,
+def file_excerpts(name: str, read: Callable[[], str], seed: int, fits: Callable[[str], bool], domain: str,
                   skip: Skip) -> list[dict]:
-    """The excerpts of one file, by its extension; Unusable where it gives none."""
+    """The excerpts of one file, by its extension (read(): its text); Unusable where it gives none."""
     suffix = PurePosixPath(name).suffix.lower()
     if suffix not in (*TEXT_SUFFIXES, *CODE_LANGUAGES, CONVERSATIONS):
         raise Unusable(f"unsupported extension {suffix}")
-    text = file_text(path)
+    text = read()
     if suffix == CONVERSATIONS:
         excerpts = conversation_excerpts(text, name, domain, skip)
     elif suffix in CODE_LANGUAGES:  # the file's own RNG: adding a file leaves the others' excerpts as they were
@@ -167,7 +178,7 @@ def file_excerpts(path: Path, name: str, seed: int, fits: Callable[[str], bool],
     return excerpts
 
 
-def corpus_excerpts(corpus: Path, count: int, seed: int, fits: Callable[[str], bool], domain: str) -> CorpusExcerpts:
+def corpus_excerpts(corpus: Path | str, count: int, seed: int, fits: Callable[[str], bool], domain: str) -> CorpusExcerpts:
     """Up to `count` excerpts drawn by `seed` from all the corpus's files hold, in the files' order; fits(text):
     whether a passage is within the token budget."""
     found, skipped, files_read = [], [], 0
@@ -175,9 +186,9 @@ def corpus_excerpts(corpus: Path, count: int, seed: int, fits: Callable[[str], b
     def skip(where: str, why: str) -> None:
         skipped.append(f"{where} ({why})")
 
-    for path, name in corpus_files(corpus):
+    for name, read in corpus_files(corpus):
         try:
-            found += file_excerpts(path, name, seed, fits, domain, skip)
+            found += file_excerpts(name, read, seed, fits, domain, skip)
             files_read += 1
         except Unusable as why:
             skip(name, str(why))
@@ -185,7 +196,7 @@ def corpus_excerpts(corpus: Path, count: int, seed: int, fits: Callable[[str], b
     return CorpusExcerpts([found[index] for index in drawn], len(found), files_read, skipped)
 
 
-def labelled_corpus(runner_of, tokenizer, domain: str, target_fingerprint: str, corpus: Path, count: int,
+def labelled_corpus(runner_of, tokenizer, domain: str, target_fingerprint: str, corpus: Path | str, count: int,
                     max_tokens: int, seed: int, system_prompt: str | None, top_k_logprobs: int, precision_of,
                     create: bool) -> tuple[datasets.Dataset | None, Path, LabelRate | None]:
     """-> (the corpus's excerpts labelled, their cache directory, what labelling them cost when this call did it),

@@ -23,8 +23,9 @@ from decode.precision import FLOAT32, Precision
 from distill.config import DomainConfig, GenerateConfig
 from decode.stage_results import GenerateResult
 from distill.code_text import SOURCE as CODE_TEXT, labelled_code_text
-from distill.corpus import SOURCE as CORPUS, labelled_corpus
-from distill.data import DomainPrompts, components_count
+from distill.corpus import SOURCE as CORPUS, corpus_location, labelled_corpus
+from distill.data import DomainPrompts, Prompt, components_count
+from distill.documents import document_prompts
 from distill.generate import (BOUND_SEQUENCES, answer_batch_size, cache_key, dataset_directory, generate_dataset,
                               generation_precision, labelling_bound, labelling_precision, load_cached_dataset)
 from distill.throughput import LabelRate
@@ -39,12 +40,13 @@ LABELLED_TEXTS = {CODE_TEXT: ("code excerpts", "domain.code_excerpts=0"),
                   CORPUS: ("excerpts of domain.corpus", "domain.corpus_excerpts=0")}
 
 
-def training_prompts(prompts: DomainPrompts, settings: GenerateConfig) -> dict:
+def training_prompts(prompts: DomainPrompts, settings: GenerateConfig, documents: list[Prompt] = ()) -> dict:
     """The prompts the target answers: split name -> prompts. The first of each split: a mix's splits take its
-    components in turn (distill/data.py mixed_prompts), so these hold as many of each. Each training prompt is
-    answered generate.answers_per_prompt times (its copies' ids end in ~1, ~2, ...); a served response is one of
-    the target's answers, so its prompt's copies are answered afresh, not scored again."""
-    train = prompts.train[: settings.max_train_prompts]
+    components in turn (distill/data.py mixed_prompts), so these hold as many of each; then the documents to
+    summarize (domain.documents). Each training prompt is answered generate.answers_per_prompt times (its copies'
+    ids end in ~1, ~2, ...); a served response is one of the target's answers, so its prompt's copies are answered
+    afresh, not scored again."""
+    train = prompts.train[: settings.max_train_prompts] + list(documents)
     train = train + [replace(prompt, id=f"{prompt.id}~{copy}", served=None)
                      for copy in range(1, settings.answers_per_prompt) for prompt in train]
     return {"train": train, "validation": prompts.validation[: settings.max_validation_prompts]}
@@ -67,11 +69,12 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
             for split, split_prompts in training_prompts(prompts, settings).items():
                 log.info("domain %s, %s prompts by component: %s", domain.name, split,
                          ", ".join(f"{name} {count}" for name, count in components_count(split_prompts).items()))
+    documents = _documents_to_summarize(ctx, domain, create)
     found, where, precision, labelling, rates = {}, {}, None, None, []
     batch_size = settings.batch_size  # a server's answers: requests in flight are server_parallel
     with answering_server(settings, ctx.target_spec, ctx.pair.eos_token_ids, ctx.run_dir / "generate_server.log",
                           ctx.pair.vocab_size) as served:
-        for split, split_prompts in training_prompts(prompts, settings).items():
+        for split, split_prompts in training_prompts(prompts, settings, documents).items():
             name = f"{domain.name}-{split}"
             prompt_labels = settings.label_prompts and split == "train"  # the training metric stays on answers
             key = cache_key(fingerprint, name, split_prompts, sampling, settings.max_new_tokens, ctx.seed,
@@ -110,6 +113,23 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
         **existing_record)
 
 
+def _documents_to_summarize(ctx: RunContext, domain: DomainConfig, create: bool) -> list[Prompt]:
+    if not domain.documents or not domain.document_prompts:
+        return []
+    tokenizer = ctx.pair.tokenizer
+    documents = document_prompts(domain.documents, domain.document_prompts, domain.document_tokens, ctx.seed,
+                                 lambda text: len(tokenizer.encode(text, add_special_tokens=False)))
+    if not documents:
+        raise ConfigError(f"domain.documents {domain.documents}: no run of prose paragraphs of "
+                          f"{domain.document_tokens // 2} to {domain.document_tokens} tokens in its text files; "
+                          f"lower domain.document_tokens, point it at longer prose, or set domain.document_prompts=0")
+    if create:
+        log.info("domain.documents %s: %d documents to summarize (domain.document_prompts=%d), %d to %d tokens",
+                 domain.documents, len(documents), domain.document_prompts, domain.document_tokens // 2,
+                 domain.document_tokens)
+    return documents
+
+
 def _labelled_texts(ctx: RunContext, domain: DomainConfig, settings: GenerateConfig, fingerprint: str,
                     labelling: Precision | None, create: bool) -> tuple[dict[str, datasets.Dataset], dict, list[dict]]:
     """The existing texts the domain trains on beside the answers, labelled by the target -> (their datasets by
@@ -130,7 +150,7 @@ def _labelled_texts(ctx: RunContext, domain: DomainConfig, settings: GenerateCon
             Path(domain.code_root).expanduser() if domain.code_root else None)
     if domain.corpus and domain.corpus_excerpts:
         labelled[CORPUS] = labelled_corpus(
-            *target, Path(domain.corpus).expanduser(), domain.corpus_excerpts, domain.corpus_excerpt_tokens,
+            *target, corpus_location(domain.corpus), domain.corpus_excerpts, domain.corpus_excerpt_tokens,
             ctx.seed, domain.system_prompt, settings.top_k_logprobs, precision_of, create)
     found, rates = {}, []
     record = {"corpus": domain.corpus} if CORPUS in labelled else {}

@@ -36,7 +36,8 @@ from decode.export.lookup_card import mixed_line
 from decode.figures import format_figure, format_interval
 from decode.export.stage import export_destination, run_export
 from distill.code_text import RATE_SOURCE as CODE_TEXT_RATE
-from distill.corpus import RATE_SOURCE as CORPUS_RATE
+from distill.corpus import RATE_SOURCE as CORPUS_RATE, corpus_location
+from distill.installed_docs import INSTALLED_DOCS
 from distill.conversations import chat_prompt_ids
 from distill.data import DomainPrompts, free_of_control_tokens, load_domain_prompts, shipped_domains
 from distill.losses import LOSSES
@@ -102,9 +103,18 @@ def validate(config: TrainConfig) -> None:
     if domain.code_excerpts and domain.code_root and not Path(domain.code_root).expanduser().is_dir():
         raise ConfigError(f"domain.code_root {domain.code_root} is not a directory: point it at the code "
                           f"whose .py files the draft should learn, or leave it unset (the site-packages)")
-    if domain.corpus_excerpts and domain.corpus and not Path(domain.corpus).expanduser().exists():
+    if (domain.corpus_excerpts and domain.corpus and domain.corpus != INSTALLED_DOCS
+            and not corpus_location(domain.corpus).exists()):
         raise ConfigError(f"domain.corpus {domain.corpus} does not exist: point it at a folder or file of your own "
-                          f"text (documents, code, .jsonl conversations), or leave it unset")
+                          f"text (documents, code, .jsonl conversations), set it to {INSTALLED_DOCS} (the "
+                          f"documentation installed with Python and its packages), or leave it unset")
+    if domain.document_prompts < 0 or domain.document_tokens < 16:
+        raise ConfigError(f"domain.document_prompts must be >= 0 (0: none) and domain.document_tokens >= 16, got "
+                          f"{domain.document_prompts} and {domain.document_tokens}")
+    if (domain.document_prompts and domain.documents and domain.documents != INSTALLED_DOCS
+            and not corpus_location(domain.documents).exists()):
+        raise ConfigError(f"domain.documents {domain.documents} does not exist: point it at a folder or file of "
+                          f"long text, set it to {INSTALLED_DOCS}, or leave it unset")
     if config.generate.answers_per_prompt < 1:
         raise ConfigError(f"generate.answers_per_prompt must be >= 1, got {config.generate.answers_per_prompt}")
     for key, setting in (("method.autocast", method.autocast), ("generate.autocast", config.generate.autocast)):
