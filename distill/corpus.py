@@ -82,6 +82,12 @@ def corpus_location(setting: str) -> Path | str:
     return setting if setting == INSTALLED_DOCS else Path(setting).expanduser()
 
 
+def corpus_exists(setting: str) -> bool:
+    """Whether domain.corpus (or a setting of its forms) names something to read."""
+    location = corpus_location(setting)
+    return location == INSTALLED_DOCS or location.exists()
+
+
 def corpus_files(corpus: Path | str) -> list[tuple[str, Callable[[], str]]]:
     """(its name in messages, a reader of its text) of each file of the corpus: the installed documentation's
     (INSTALLED_DOCS), the corpus itself, or each file under it by its path there, sorted, the hidden ones left

@@ -36,7 +36,7 @@ from decode.export.lookup_card import mixed_line
 from decode.figures import format_figure, format_interval
 from decode.export.stage import export_destination, run_export
 from distill.code_text import RATE_SOURCE as CODE_TEXT_RATE
-from distill.corpus import RATE_SOURCE as CORPUS_RATE, corpus_location
+from distill.corpus import RATE_SOURCE as CORPUS_RATE, corpus_exists
 from distill.installed_docs import INSTALLED_DOCS
 from distill.conversations import chat_prompt_ids
 from distill.data import DomainPrompts, free_of_control_tokens, load_domain_prompts, shipped_domains
@@ -103,16 +103,14 @@ def validate(config: TrainConfig) -> None:
     if domain.code_excerpts and domain.code_root and not Path(domain.code_root).expanduser().is_dir():
         raise ConfigError(f"domain.code_root {domain.code_root} is not a directory: point it at the code "
                           f"whose .py files the draft should learn, or leave it unset (the site-packages)")
-    if (domain.corpus_excerpts and domain.corpus and domain.corpus != INSTALLED_DOCS
-            and not corpus_location(domain.corpus).exists()):
+    if domain.corpus_excerpts and domain.corpus and not corpus_exists(domain.corpus):
         raise ConfigError(f"domain.corpus {domain.corpus} does not exist: point it at a folder or file of your own "
                           f"text (documents, code, .jsonl conversations), set it to {INSTALLED_DOCS} (the "
                           f"documentation installed with Python and its packages), or leave it unset")
     if domain.document_prompts < 0 or domain.document_tokens < 16:
         raise ConfigError(f"domain.document_prompts must be >= 0 (0: none) and domain.document_tokens >= 16, got "
                           f"{domain.document_prompts} and {domain.document_tokens}")
-    if (domain.document_prompts and domain.documents and domain.documents != INSTALLED_DOCS
-            and not corpus_location(domain.documents).exists()):
+    if domain.document_prompts and domain.documents and not corpus_exists(domain.documents):
         raise ConfigError(f"domain.documents {domain.documents} does not exist: point it at a folder or file of "
                           f"long text, set it to {INSTALLED_DOCS}, or leave it unset")
     if config.generate.answers_per_prompt < 1:
