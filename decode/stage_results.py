@@ -58,6 +58,8 @@ class GenerateResult(PlainRecord):
     corpus: Optional[str] = None
     corpus_data: Optional[str] = None
     corpus_sequences: int = 0
+    # generate.labels=server: how far the servers' labels are from the target's here (distill/target_labels.py)
+    label_difference: Optional[dict] = None
 
 
 @dataclass

@@ -1,4 +1,5 @@
-"""generate's answers from a serving engine over HTTP: vLLM, SGLang or llama-server instead of the target here.
+"""generate's answers (and labels) from serving engines over HTTP: vLLM, SGLang or llama-server instead of the
+target here.
 
 For answering millions of prompts on a GPU fleet, the engine's own batching and data-parallel serving (vLLM's
 --data-parallel-size behind one URL) are the distributed engine: generate only sends the requests, up to
@@ -33,8 +34,16 @@ engine returns:
     log-softmax of the model's logits before penalties, temperature, top-k and top-p. It refuses k above
     --max-logprobs (20 by default) with HTTP 400: start it with --max-logprobs k. Each position's top_logprobs
     holds the sampled token beside the k most likely; the k most likely are kept.
-  SGLang: not verified here. Its /v1/completions is read as vLLM's; token names that are text, not ids, are refused
-    (mapping text back to ids is ambiguous).
+  SGLang (0.5.23, read from its source, not run here), found by its /get_model_info: its OpenAI route names tokens
+    by their text (mapping text back to ids is ambiguous), so its native /generate is asked, with input_ids. A
+    sampled answer's log-probabilities are after temperature there (unless the server runs with
+    SGLANG_RETURN_ORIGINAL_LOGPROB=1, which a client cannot see): each answer is sampled with its sampling_seed,
+    then labelled teacher-forced (AnswerClient.prompt_labels: return_logprob from logprob_start_len).
+
+Teacher-forced labels (generate.labels=server, distill/target_labels.py) go through the same clients:
+AnswerClient.prompt_labels asks vLLM for prompt_logprobs, SGLang for its input_top_logprobs, and llama-server one
+position at a time. Requests are shared between the servers of generate.server_url and generate.server_urls and
+kept in shards as they come (distill/sharded_requests.py): a killed job resumes.
 
 Where an engine gives fewer than k entries, every position is recorded with the fewest any position got, and a
 warning says so: the loss (distill/losses.py coarse_grained) then sees those tokens and one bucket for all the
@@ -55,32 +64,33 @@ own).
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
 import os
-import time
 import urllib.error
 import urllib.request
-from concurrent.futures import ThreadPoolExecutor, as_completed
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
 
-from tqdm.auto import tqdm
+import numpy as np
 
 from decode.errors import ConfigError, SpecdraftError
 from decode.examples import top_k_arrays
-from decode.models import ModelSpec, gguf_path
+from decode.models import ModelSpec, cache_root, gguf_path
 from decode.sampling import SamplingParams
 from decode.serving.llama_server import AS_DECODE_SAMPLES, LlamaServer, ServerSpec
+from distill.sharded_requests import Servers, ShardStore, Transient, run_sharded
 
 log = logging.getLogger(__name__)
 
 IN_PROCESS, SERVER, LLAMA_SERVER = "in_process", "server", "llama_server"
 SOURCES = (IN_PROCESS, SERVER, LLAMA_SERVER)
-NATIVE_API, OPENAI_API = "llama_server", "openai"  # how a server is asked
+LABEL_SOURCES = (IN_PROCESS, SERVER)  # generate.labels
+NATIVE_API, OPENAI_API, SGLANG_API = "llama_server", "openai", "sglang"  # how a server is asked
 PROBE_TIMEOUT_S = 5.0
 ANSWER_TIMEOUT_S = 600.0
 SLOT_MARGIN = 16  # tokens beyond prompt + answer in a llama-server slot: it stops one token before a full slot
@@ -97,22 +107,49 @@ class AnswerServerError(SpecdraftError, RuntimeError):
     returned an answer that is not a valid one of the target's."""
 
 
+class ServerUnavailable(AnswerServerError, Transient):
+    """The server did not answer, timed out, or said it is busy or failing (HTTP 429, 5xx): worth asking again."""
+
+
 class MalformedAnswer(ValueError):
     """What is wrong with a server's answer (its message says what the server returned)."""
 
 
 def answer_source(settings) -> str:
-    """What the answers come from, as the cache key holds it (GenerateConfig -> str); checks the settings."""
+    """What the answers come from, as the cache key holds it (GenerateConfig -> str); checks the settings.
+    generate.labels=server takes the answers from the servers too."""
     if settings.answers not in SOURCES:
         raise ConfigError(f"generate.answers must be one of {', '.join(SOURCES)}, got {settings.answers!r}")
-    if settings.server_parallel < 1:
-        raise ConfigError(f"generate.server_parallel must be >= 1, got {settings.server_parallel}")
-    if settings.answers != SERVER:
+    if settings.labels not in LABEL_SOURCES:
+        raise ConfigError(f"generate.labels must be one of {', '.join(LABEL_SOURCES)}, got {settings.labels!r}")
+    for name in ("server_parallel", "shard_size"):
+        if getattr(settings, name) < 1:
+            raise ConfigError(f"generate.{name} must be >= 1, got {getattr(settings, name)}")
+    if settings.server_retries < 0 or settings.server_check < 0:
+        raise ConfigError(f"generate.server_retries and generate.server_check must be >= 0, got "
+                          f"{settings.server_retries} and {settings.server_check}")
+    if settings.labels == SERVER and settings.answers == LLAMA_SERVER:
+        raise ConfigError("generate.labels=server takes every label, the answers included, from generate.server_url; "
+                          "drop generate.answers=llama_server (or start llama-server yourself and give its URL)")
+    if settings.answers != SERVER and settings.labels != SERVER:
         return settings.answers
-    if not settings.server_url:
-        raise ConfigError("generate.answers=server needs generate.server_url, the server's base URL "
-                          "(e.g. http://127.0.0.1:8000/v1)")
-    return " ".join(filter(None, [SERVER, api_root(settings.server_url), settings.server_model]))
+    return " ".join(filter(None, [SERVER, *server_roots(settings), settings.server_model]))
+
+
+def server_roots(settings) -> list[str]:
+    """The roots of generate.server_url and generate.server_urls (the servers that share the requests), checked."""
+    urls = [settings.server_url, *settings.server_urls] if settings.server_url else list(settings.server_urls)
+    if not urls:
+        raise ConfigError("generate.answers=server and generate.labels=server need generate.server_url, the "
+                          "server's base URL (e.g. http://127.0.0.1:8000/v1); generate.server_urls=[...] adds more "
+                          "servers of the same target that share the work")
+    for url in urls:
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")):
+            raise ConfigError(f"generate.server_url(s): {url!r} is not an http:// or https:// URL")
+    roots = [api_root(url) for url in urls]
+    if len(set(roots)) < len(roots):
+        raise ConfigError(f"generate.server_url(s) name a server twice: {', '.join(urls)}")
+    return roots
 
 
 def api_root(url: str) -> str:
@@ -123,81 +160,113 @@ def api_root(url: str) -> str:
 
 @contextmanager
 def answering_server(settings, target_spec: ModelSpec, eos_token_ids: list[int], log_path: Path,
-                     vocab_size: int) -> Iterator["ServedAnswers | None"]:
+                     vocab_size: int, target_fingerprint: str) -> Iterator["ServedAnswers | None"]:
     """What answers for generate: None where the target answers in process; a llama-server started for it is
-    stopped on leaving. vocab_size: the target's (its tokenizer's length), which every answered token id is in."""
+    stopped on leaving. vocab_size: the target's (its tokenizer's length), which every answered token id is in.
+    target_fingerprint: names the shards of its work (ServedAnswers.store), removed on leaving without an error."""
     if answer_source(settings) == IN_PROCESS:
         yield None
         return
-    served = ServedAnswers(settings, target_spec, eos_token_ids, log_path, vocab_size)
+    served = ServedAnswers(settings, target_spec, eos_token_ids, log_path, vocab_size, target_fingerprint)
     try:
         yield served
+        served.remove_shards()  # what they held is in the cache now
     finally:
         served.close()
 
 
-@dataclass
 class ServedAnswers:
-    """Answers prompts through the configured server (generate.answers=server or llama_server)."""
+    """Answers prompts through the configured servers (generate.answers=server or llama_server), and labels
+    sequences teacher-forced through them (generate.labels=server: distill/labels_from_server.py)."""
 
-    def __init__(self, settings, target_spec: ModelSpec, eos_token_ids: list[int], log_path: Path, vocab_size: int):
+    def __init__(self, settings, target_spec: ModelSpec, eos_token_ids: list[int], log_path: Path, vocab_size: int,
+                 target_fingerprint: str):
         self.settings, self.target_spec, self.eos_token_ids = settings, target_spec, list(eos_token_ids)
-        self.vocab_size = vocab_size
+        self.vocab_size, self.target_fingerprint = vocab_size, target_fingerprint
         self.source = answer_source(settings)
         self.log_path = Path(log_path)
         self.server: LlamaServer | None = None
         self.slot_tokens = 0  # the context of each slot of the started llama-server
         self.warned_narrow = False
+        self.stores: list[ShardStore] = []  # the shards written, removed once the work they hold is kept
 
     def answer(self, prompt_ids: list[list[int]], sampling: SamplingParams, max_new_tokens: int, seed: int,
                top_k_logprobs: int, description: str = "generate", show_progress: bool = True) -> list[dict]:
         """As distill/generate.py answer_prompts: per prompt, in order, {"input_ids", "prompt_length",
         "stopped_by_eos"} and, with top_k_logprobs, "target_top_ids" / "target_top_logprobs". Prompt i is
-        sampled with seed + i."""
-        client = self._client(max(map(len, prompt_ids), default=0) + max_new_tokens)
-        log.info("%s: answers from %s (%s API), %d requests at a time", description, client.root, client.api,
-                 self.settings.server_parallel)
-        started = time.perf_counter()
-        served = client.answer_all(prompt_ids, sampling, max_new_tokens, seed, top_k_logprobs,
-                                   self.settings.server_parallel, description, show_progress)
-        seconds, answer_tokens = time.perf_counter() - started, sum(len(tokens) for tokens, _ in served)
-        log.info("%s: %d answers, %d tokens in %.1f s (%.1f tok/s)", description, len(served), answer_tokens,
-                 seconds, answer_tokens / max(seconds, 1e-9))
-        if client.asked_again:
+        sampled with seed + i. The answers are kept in shards as they come (distill/sharded_requests.py): a rerun
+        after a kill asks only for the rest."""
+        servers = self.servers(max(map(len, prompt_ids), default=0) + max_new_tokens)
+        log.info("%s: answers from %s, %d requests at a time each", description,
+                 ", ".join(f"{client.root} ({client.api} API)" for client in servers.clients), servers.parallel)
+        store = self.store("answers", [prompt_ids, sampling.temperature, sampling.top_k, sampling.top_p,
+                                       max_new_tokens, seed, top_k_logprobs])
+
+        def ask(index: int, client: AnswerClient) -> dict:
+            tokens, top, again = client.answer_one(prompt_ids[index], sampling, max_new_tokens, seed + index,
+                                                   top_k_logprobs)
+            return {"tokens": np.asarray(tokens, dtype=np.int64), **entry_arrays(top),
+                    "asked_again": np.asarray(int(again))}
+
+        served = run_sharded(list(range(len(prompt_ids))), ask, servers, store, description,
+                             lambda result: len(result["tokens"]), self.settings.server_retries)
+        asked_again = sum(int(result["asked_again"]) for result in served)
+        if asked_again:
             log.info("%s: %d answers had tokens that end inside a UTF-8 character, which llama-server sends no "
                      "log-probabilities for: their positions were asked again, one request each",
-                     description, client.asked_again)
+                     description, asked_again)
         return self._records(prompt_ids, served, top_k_logprobs)
 
-    def _records(self, prompt_ids: list[list[int]], served: list, k: int) -> list[dict]:
-        records = [{"input_ids": list(prompt) + tokens, "prompt_length": len(prompt),
-                    "stopped_by_eos": bool(tokens) and tokens[-1] in self.eos_token_ids}
-                   for prompt, (tokens, _) in zip(prompt_ids, served)]
+    def _records(self, prompt_ids: list[list[int]], served: list[dict], k: int) -> list[dict]:
+        records = [{"input_ids": list(prompt) + result["tokens"].tolist(), "prompt_length": len(prompt),
+                    "stopped_by_eos": bool(len(result["tokens"])) and int(result["tokens"][-1]) in self.eos_token_ids}
+                   for prompt, result in zip(prompt_ids, served)]
         if not k:
             return records
-        width = min((len(entries) for _, top in served for entries in top), default=k)
-        if width == 0:
-            raise AnswerServerError(f"{self.source} returned answer tokens with no log-probabilities listed")
-        if width < k and not self.warned_narrow:
-            log.warning("the server gave %d log-probabilities per answer token where generate.top_k_logprobs=%d "
-                        "asked for more: every token is recorded with its %d most likely, and the loss sees those %d "
-                        "and one bucket for all other tokens, a coarser view of the target's distribution "
-                        "(raise the engine's cap, e.g. vLLM --max-logprobs %d)", width, k, width, width, k)
-            self.warned_narrow = True
-        for record, (_, top) in zip(records, served):
+        width = self.narrowest(served, k)
+        for record, result in zip(records, served):
             record["target_top_ids"], record["target_top_logprobs"] = top_k_arrays(
-                [[token for token, _ in entries[:width]] for entries in top],
-                [[log_prob for _, log_prob in entries[:width]] for entries in top])
+                result["top_ids"][:, :width], result["top_logprobs"][:, :width])
         return records
 
-    def _client(self, slot_tokens: int) -> "AnswerClient":
-        if self.settings.answers == SERVER:
-            root = api_root(self.settings.server_url)
-            return AnswerClient(root, server_api(root), self.settings.server_model, self.eos_token_ids,
-                                self.vocab_size)
-        if self.server is None or slot_tokens + SLOT_MARGIN > self.slot_tokens:
-            self._start_llama_server(slot_tokens + SLOT_MARGIN)
-        return AnswerClient(self.server.url, NATIVE_API, None, self.eos_token_ids, self.vocab_size)
+    def narrowest(self, results: list[dict], k: int) -> int:
+        """The fewest log-probabilities any position of `results` got (each result's top_ids [positions, width]),
+        which every position is then recorded with; a warning where that is fewer than k."""
+        width = min((result["top_ids"].shape[1] for result in results if len(result["top_ids"])), default=k)
+        if width == 0:
+            raise AnswerServerError(f"{self.source} returned tokens with no log-probabilities listed")
+        if width < k and not self.warned_narrow:
+            log.warning("the server gave %d log-probabilities per token where generate.top_k_logprobs=%d asked for "
+                        "more: every token is recorded with its %d most likely, and the loss sees those %d and one "
+                        "bucket for all other tokens, a coarser view of the target's distribution (raise the "
+                        "engine's cap, e.g. vLLM --max-logprobs %d)", width, k, width, width, k)
+            self.warned_narrow = True
+        return width
+
+    def store(self, what: str, described: list) -> ShardStore:
+        """Where the results of a list of requests are kept as they come: named by everything that determines
+        them (the target, not the servers: any server of the target may resume another's work)."""
+        key = hashlib.sha256(json.dumps([self.target_fingerprint, what, described]).encode()).hexdigest()[:16]
+        store = ShardStore(cache_root() / "shards" / f"{what}-{key}", len(described[0]), self.settings.shard_size)
+        self.stores.append(store)
+        return store
+
+    def remove_shards(self) -> None:
+        for store in self.stores:
+            store.remove()
+        self.stores.clear()
+
+    def servers(self, slot_tokens: int) -> Servers:
+        """The servers that share the requests: generate.server_url and generate.server_urls, or the llama-server
+        started here."""
+        if self.settings.answers == LLAMA_SERVER:
+            if self.server is None or slot_tokens + SLOT_MARGIN > self.slot_tokens:
+                self._start_llama_server(slot_tokens + SLOT_MARGIN)
+            clients = [AnswerClient(self.server.url, NATIVE_API, None, self.eos_token_ids, self.vocab_size)]
+        else:
+            clients = [AnswerClient(root, server_api(root), self.settings.server_model, self.eos_token_ids,
+                                    self.vocab_size) for root in server_roots(self.settings)]
+        return Servers(clients, self.settings.server_parallel)
 
     def _start_llama_server(self, slot_tokens: int) -> None:
         """(Re)starts llama-server with slots of slot_tokens: a later split with longer prompts gets a bigger one."""
@@ -228,19 +297,38 @@ def target_gguf(target_spec: ModelSpec) -> str:
 
 
 def server_api(root: str) -> str:
-    """How to ask the server at root: llama-server's own routes where it answers /props, else the OpenAI ones.
-    An AnswerServerError at once when nothing answers there."""
+    """How to ask the server at root: llama-server's own routes where it answers /props, SGLang's native /generate
+    where it answers /get_model_info, else the OpenAI ones. An AnswerServerError at once when nothing answers."""
+    props = probe(root + "/props")
+    if isinstance(props, dict) and "default_generation_settings" in props:
+        return NATIVE_API
+    info = probe(root + "/get_model_info")
+    return SGLANG_API if isinstance(info, dict) and "model_path" in info else OPENAI_API
+
+
+def probe(url: str):
+    """The JSON a GET of url answers; None where it answers an HTTP error or something other than JSON."""
     try:
-        with urllib.request.urlopen(root + "/props", timeout=PROBE_TIMEOUT_S) as response:
-            props = json.loads(response.read())
+        with urllib.request.urlopen(url, timeout=PROBE_TIMEOUT_S) as response:
+            return json.loads(response.read())
     except urllib.error.HTTPError:
-        return OPENAI_API  # a server, not llama-server
+        return None
     except ValueError:
-        return OPENAI_API  # /props answered, not with llama-server's JSON
+        return None
     except OSError as error:
+        root = url.rsplit("/", 1)[0]
         raise AnswerServerError(f"no server answers at {root} ({getattr(error, 'reason', error)}): {START_HINT}") \
             from None
-    return NATIVE_API if isinstance(props, dict) and "default_generation_settings" in props else OPENAI_API
+
+
+def entry_arrays(top: list[list[tuple[int, float]]]) -> dict[str, np.ndarray]:
+    """Per position its most likely (id, log p), most likely first -> "top_ids" [positions, width] and
+    "top_logprobs", at the fewest entries any position listed."""
+    width = min((len(entries) for entries in top), default=0)
+    return {"top_ids": np.asarray([[token for token, _ in entries[:width]] for entries in top],
+                                  dtype=np.int64).reshape(len(top), width),
+            "top_logprobs": np.asarray([[log_prob for _, log_prob in entries[:width]] for entries in top],
+                                       dtype=np.float32).reshape(len(top), width)}
 
 
 def post_json(url: str, body: dict) -> dict:
@@ -253,9 +341,10 @@ def post_json(url: str, body: dict) -> dict:
         hint = ("; vLLM refuses more log-probabilities than --max-logprobs (20 by default): start it with "
                 "--max-logprobs <generate.top_k_logprobs>, or lower generate.top_k_logprobs") \
             if "logprobs" in detail else ""
-        raise AnswerServerError(f"{url} answered HTTP {error.code}: {detail}{hint}") from None
+        failure = ServerUnavailable if error.code == 429 or error.code >= 500 else AnswerServerError
+        raise failure(f"{url} answered HTTP {error.code}: {detail}{hint}") from None
     except OSError as error:
-        raise AnswerServerError(f"{url} did not answer ({getattr(error, 'reason', error)}): {START_HINT}") from None
+        raise ServerUnavailable(f"{url} did not answer ({getattr(error, 'reason', error)}): {START_HINT}") from None
     except ValueError:
         raise AnswerServerError(f"{url} answered with something other than JSON") from None
 
@@ -321,37 +410,18 @@ def _short(value) -> str:
 
 @dataclass
 class AnswerClient:
-    """Requests to one server, in its API: NATIVE_API (llama-server's /completion) or OPENAI_API (/v1/completions)."""
+    """Requests to one server, in its API: NATIVE_API (llama-server's /completion), SGLANG_API (SGLang's /generate)
+    or OPENAI_API (/v1/completions)."""
 
     root: str
     api: str
     model: str | None
     eos_token_ids: list[int]
     vocab_size: int  # the target's: every token id an answer names is below it
-    asked_again: int = 0  # of the last answer_all's answers, those whose positions were asked for one by one
 
     @property
     def url(self) -> str:
-        return self.root + ("/completion" if self.api == NATIVE_API else "/v1/completions")
-
-    def answer_all(self, prompt_ids: list[list[int]], sampling: SamplingParams, max_new_tokens: int, seed: int,
-                   k: int, parallel: int, description: str, show_progress: bool) -> list[tuple[list[int], list]]:
-        """-> per prompt, in order, (answer token ids, per answer token its most likely (id, log p), or [])."""
-        served: list = [None] * len(prompt_ids)  # (tokens, top, whether asked again)
-        with ThreadPoolExecutor(max_workers=parallel) as pool, \
-                tqdm(total=len(prompt_ids), desc=description, unit="prompt", disable=not show_progress) as bar:
-            futures = {pool.submit(self.answer_one, prompt, sampling, max_new_tokens, seed + index, k): index
-                       for index, prompt in enumerate(prompt_ids)}
-            try:
-                for future in as_completed(futures):
-                    served[futures[future]] = future.result()
-                    bar.update(1)
-            except BaseException:
-                for future in futures:
-                    future.cancel()
-                raise
-        self.asked_again = sum(again for _, _, again in served)
-        return [(tokens, top) for tokens, top, _ in served]
+        return self.root + {NATIVE_API: "/completion", SGLANG_API: "/generate"}.get(self.api, "/v1/completions")
 
     def answer_one(self, prompt: list[int], sampling: SamplingParams, max_new_tokens: int, seed: int,
                    k: int) -> tuple[list[int], list, bool]:
@@ -359,6 +429,9 @@ class AnswerClient:
         if self.api == OPENAI_API:
             reply = post_json(self.url, self.openai_request(prompt, max_new_tokens, sampling, seed, k))
             return *self.read(self.openai_answer, reply, k), False
+        if self.api == SGLANG_API:
+            tokens = self.sglang_answer(prompt, sampling, max_new_tokens, seed)
+            return tokens, self.prompt_labels(prompt + tokens, len(prompt), k) if k and tokens else [], False
         reply = post_json(self.url, self.native_request(prompt, max_new_tokens, sampling, seed, k))
         tokens, top = self.read(self.native_answer, reply, k)
         if top is not None:
@@ -409,6 +482,67 @@ class AnswerClient:
             raise AnswerServerError(f"{self.url} gave no log-probabilities for a forced EOS after {len(context)} "
                                     f"tokens (its tokens: {tokens})")
         return top[0]
+
+    def prompt_labels(self, sequence: list[int], start: int, k: int) -> list[list[tuple[int, float]]]:
+        """Per token of `sequence` from `start` (>= 1) on, the k most likely tokens there (id, log p) as the server
+        computes them from the tokens before it: a teacher-forced label. vLLM: one request, its prompt_logprobs;
+        llama-server has no prompt log-probabilities: one request a position (its slot keeps the sequence's
+        prefix cached, so each reads one token)."""
+        if self.api == NATIVE_API:
+            return [self.position_top(sequence[:position], k) for position in range(start, len(sequence))]
+        if self.api == SGLANG_API:
+            body = {"input_ids": sequence, "sampling_params": {"max_new_tokens": 1, "temperature": 0.0},
+                    "return_logprob": True, "logprob_start_len": start - 1, "top_logprobs_num": k,
+                    "return_text_in_logprobs": False, "stream": False}
+            return self.read(lambda reply, k: self.sglang_prompt_labels(reply, len(sequence), start, k),
+                             post_json(self.url, body), k)
+        body = {"prompt": sequence, "max_tokens": 1, "temperature": 0.0, "prompt_logprobs": k, "stream": False,
+                **({"model": self.model} if self.model else {})}
+        return self.read(lambda reply, k: self.openai_prompt_labels(reply, len(sequence), start, k),
+                         post_json(self.url, body), k)
+
+    def openai_prompt_labels(self, reply: dict, length: int, start: int, k: int) -> list[list[tuple[int, float]]]:
+        try:
+            per_position = reply["choices"][0].get("prompt_logprobs")
+        except (KeyError, IndexError, TypeError):
+            raise AnswerServerError(f"{self.url} returned no completion: {str(reply)[:300]}") from None
+        if per_position is None:
+            raise missing_logprobs(self.url, f"prompt_logprobs={k}")
+        if len(per_position) != length or any(per_position[position] is None for position in range(start, length)):
+            raise MalformedAnswer(f"prompt log-probabilities for {len(per_position)} tokens where {length} were sent")
+        return [most_likely([(int(token), entry["logprob"]) for token, entry in per_position[position].items()], k,
+                            self.vocab_size, position) for position in range(start, length)]
+
+    def sglang_answer(self, prompt: list[int], sampling: SamplingParams, max_new_tokens: int,
+                      seed: int) -> list[int]:
+        """The answer's token ids from SGLang's /generate, sampled with the request's seed; an EOS that stopped it
+        kept as its last token. Its log-probabilities are asked for apart, teacher-forced (prompt_labels):
+        SGLang returns a sampled answer's log-probabilities after temperature unless its server was started with
+        SGLANG_RETURN_ORIGINAL_LOGPROB=1, which a client cannot see."""
+        body = {"input_ids": prompt, "stream": False,
+                "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": sampling.temperature,
+                                    "top_k": sampling.top_k or -1, "top_p": sampling.top_p, "sampling_seed": seed}}
+        return self.read(self.sglang_tokens, post_json(self.url, body), 0)
+
+    def sglang_tokens(self, reply: dict, k: int) -> list[int]:
+        tokens = checked_tokens(list(reply["output_ids"]), self.vocab_size)
+        finish = reply.get("meta_info", {}).get("finish_reason") or {}
+        stop = finish.get("matched") if finish.get("type") == "stop" else None
+        if isinstance(stop, int) and stop in self.eos_token_ids and tokens[-1:] != [stop]:
+            tokens.append(stop)
+        return tokens
+
+    def sglang_prompt_labels(self, reply: dict, length: int, start: int, k: int) -> list[list[tuple[int, float]]]:
+        """SGLang's input_top_logprobs from logprob_start_len = start - 1: one entry a token from there, the first
+        None (no logits before it are computed), each a list of [log p, id, text]."""
+        per_position = reply["meta_info"].get("input_top_logprobs")
+        if per_position is None:
+            raise missing_logprobs(self.url, f"return_logprob with top_logprobs_num={k}")
+        if len(per_position) != length - start + 1 or any(entries is None for entries in per_position[1:]):
+            raise MalformedAnswer(f"input log-probabilities for {len(per_position)} tokens where {length - start + 1} "
+                                  f"were asked for (logprob_start_len {start - 1} of {length})")
+        return [most_likely([(int(token), log_prob) for log_prob, token, *_ in entries], k, self.vocab_size,
+                            start + offset) for offset, entries in enumerate(per_position[1:])]
 
     def openai_request(self, prompt: list[int], max_tokens: int, sampling: SamplingParams, seed: int,
                        k: int) -> dict:

@@ -80,11 +80,11 @@ def code_excerpts(root: Path, count: int, seed: int) -> list[dict]:
     return excerpts
 
 
-def labelled_code_text(runner_of, tokenizer, domain: str, target_fingerprint: str, count: int, max_tokens: int,
-                       seed: int, system_prompt: str | None, top_k_logprobs: int, precision_of,
+def labelled_code_text(labels, tokenizer, domain: str, target_fingerprint: str, count: int, max_tokens: int,
+                       seed: int, system_prompt: str | None, top_k_logprobs: int,
                        create: bool, root: Path | None = None) -> tuple[datasets.Dataset | None, Path, LabelRate | None]:
-    """-> (the labelled excerpts, their cache directory, what labelling them cost when this call did it). The
-    target is only loaded (runner_of(), precision_of(runner)) when the excerpts are not cached; without `create`
+    """-> (the excerpts labelled by `labels` (distill/target_labels.py), their cache directory, what labelling
+    them cost when this call did it). The target is only asked when the excerpts are not cached; without `create`
     a missing cache gives None."""
     root = root or Path(sysconfig.get_paths()["purelib"])
     records = excerpt_records(tokenizer, code_excerpts(root, count, seed), max_tokens, system_prompt, SOURCE)
@@ -93,5 +93,5 @@ def labelled_code_text(runner_of, tokenizer, domain: str, target_fingerprint: st
                           f"point domain.code_root at code, or set domain.code_excerpts=0")
     if len(records) < count:
         log.warning("%s holds functions in %d files, fewer than domain.code_excerpts=%d", root, len(records), count)
-    return labelled_records(runner_of, f"{domain}-code-text", target_fingerprint, records, top_k_logprobs,
-                            precision_of, create, RATE_SOURCE)
+    return labelled_records(labels, f"{domain}-code-text", target_fingerprint, records, top_k_logprobs, create,
+                            RATE_SOURCE)

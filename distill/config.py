@@ -78,9 +78,19 @@ class GenerateConfig:
     # who answers (distill/answers_from_server.py): in_process (the target here) | server (an OpenAI-compatible server
     # at server_url: vLLM, SGLang, llama-server) | llama_server (started here on loopback for the target's GGUF)
     answers: str = "in_process"
+    # whose teacher-forced labels (the prompts' tokens, code and corpus excerpts, served responses, repeats):
+    # in_process (the target here) | server (every label, the answers included, from the servers at server_url and
+    # server_urls: vLLM's prompt_logprobs, llama-server a request a position; distill/target_labels.py)
+    labels: str = "in_process"
     server_url: Optional[str] = None  # answers=server: its base URL, e.g. http://127.0.0.1:8000/v1
+    server_urls: List[str] = field(default_factory=list)  # more servers of the target that share the requests
     server_model: Optional[str] = None  # answers=server: the served model's name; None: the server's default
-    server_parallel: int = 8  # requests in flight at once (answers=llama_server: its slots)
+    server_parallel: int = 8  # requests in flight at once, each server (answers=llama_server: its slots)
+    server_retries: int = 5  # a request that failed for a reason that may pass is asked again this often
+    shard_size: int = 64  # requests whose results are written together: a killed job loses at most one shard's
+    # generate.labels=server: the servers' labels of this many prompts compared with the target's here, and the
+    # difference logged (0: none, for a target too big to load here)
+    server_check: int = 4
     # None: as `decode` samples, so that the answers are the target's as it will be served
     temperature: Optional[float] = None
     top_k: Optional[int] = None

@@ -202,8 +202,8 @@ def corpus_excerpts(corpus: Path | str, count: int, seed: int, fits: Callable[[s
     return CorpusExcerpts([found[index] for index in drawn], len(found), files_read, skipped)
 
 
-def labelled_corpus(runner_of, tokenizer, domain: str, target_fingerprint: str, corpus: Path | str, count: int,
-                    max_tokens: int, seed: int, system_prompt: str | None, top_k_logprobs: int, precision_of,
+def labelled_corpus(labels, tokenizer, domain: str, target_fingerprint: str, corpus: Path | str, count: int,
+                    max_tokens: int, seed: int, system_prompt: str | None, top_k_logprobs: int,
                     create: bool) -> tuple[datasets.Dataset | None, Path, LabelRate | None]:
     """-> (the corpus's excerpts labelled, their cache directory, what labelling them cost when this call did it),
     as labelled_code_text gives the code excerpts; ConfigError where the corpus gives no excerpt."""
@@ -217,5 +217,5 @@ def labelled_corpus(runner_of, tokenizer, domain: str, target_fingerprint: str, 
     if create:  # the generate stage's report; the train stage only looks the excerpts up
         log.log(logging.WARNING if drawn.skipped else logging.INFO, "%s", summary)
     records = excerpt_records(tokenizer, drawn.excerpts, max_tokens, system_prompt, SOURCE)
-    return labelled_records(runner_of, f"{domain}-corpus", target_fingerprint, records, top_k_logprobs,
-                            precision_of, create, RATE_SOURCE)
+    return labelled_records(labels, f"{domain}-corpus", target_fingerprint, records, top_k_logprobs, create,
+                            RATE_SOURCE)

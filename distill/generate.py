@@ -222,28 +222,26 @@ def answer_prompts(runner: CausalLMRunner, eos_token_ids: list[int], prompt_ids:
     return answers
 
 
-def score_answers(runner: CausalLMRunner, records: list[dict], top_k_logprobs: int,
-                  precision: Precision = FLOAT32, batch_size: int = LABEL_BATCH) -> list[dict]:
-    """Add the runner model's top-k log-probabilities at the answer positions of sequences it did not write
-    (on-policy samples from the draft, scored by the target)."""
-    labels = top_k_labels(runner, [record["input_ids"] for record in records],
-                          [record["prompt_length"] for record in records], top_k_logprobs, precision, batch_size)
-    for record, (top_ids, top_logprobs) in zip(records, labels):
+def score_answers(labels, records: list[dict], top_k_logprobs: int, description: str = "scores") -> list[dict]:
+    """Add the target's top-k log-probabilities at the answer positions of sequences it did not write
+    (on-policy samples from the draft, served responses), from `labels` (distill/target_labels.py)."""
+    found = labels([record["input_ids"] for record in records], [record["prompt_length"] for record in records],
+                   top_k_logprobs, description)
+    for record, (top_ids, top_logprobs) in zip(records, found):
         record["target_top_ids"], record["target_top_logprobs"] = top_ids, top_logprobs
     return records
 
 
-def label_prompts(runner: CausalLMRunner, records: list[dict], user_template: list[int] | None,
-                  top_k_logprobs: int, precision: Precision = FLOAT32, batch_size: int = LABEL_BATCH) -> list[dict]:
+def label_prompts(labels, records: list[dict], user_template: list[int] | None, top_k_logprobs: int) -> list[dict]:
     """Add the target's top-k at each prompt token from the user's message on: `prompt_labels_from` (the first
     such token: the end of user_template, the chat template before a user's message, where the prompt starts
     with it; else no prompt token is labelled), `prompt_top_ids`, `prompt_top_logprobs`. A prompt answered
-    several times is labelled at its first answer only. One teacher-forced forward over the prompts alone: a
-    causal model's logits there never see the answer."""
+    several times is labelled at its first answer only. `labels` (distill/target_labels.py) read the prompts alone,
+    teacher-forced: a causal model's logits there never see the answer."""
     starts = prompt_label_starts([record["input_ids"][: record["prompt_length"]] for record in records], user_template)
-    labels = top_k_labels(runner, [record["input_ids"][: record["prompt_length"]] for record in records], starts,
-                          top_k_logprobs, precision, batch_size)
-    for record, start, (top_ids, top_logprobs) in zip(records, starts, labels):
+    found = labels([record["input_ids"][: record["prompt_length"]] for record in records], starts, top_k_logprobs,
+                   "prompt labels")
+    for record, start, (top_ids, top_logprobs) in zip(records, starts, found):
         record["prompt_labels_from"] = start
         record["prompt_top_ids"], record["prompt_top_logprobs"] = top_ids, top_logprobs
     return records
@@ -291,6 +289,32 @@ def top_k_labels(runner: CausalLMRunner, sequences: list[list[int]], starts: lis
     return labels
 
 
+class InProcessLabels:
+    """Labels by the target loaded here (runner_of() loads it on first use), in the precision measured fastest
+    for a teacher-forced forward (generate.autocast: distill/generate.py labelling_precision), decided once."""
+
+    in_process = True
+    source = IN_PROCESS
+
+    def __init__(self, runner_of, autocast: str, precision: Precision | None = None, batch_size: int = LABEL_BATCH):
+        self.runner_of, self.autocast, self.batch_size = runner_of, autocast, batch_size
+        self._precision = precision
+
+    @property
+    def precision(self) -> Precision:
+        if self._precision is None:
+            self._precision = labelling_precision(self.runner_of(), self.autocast)
+        return self._precision
+
+    def ready(self) -> None:
+        """The target loaded and its precision measured, so that what labelling costs is timed alone."""
+        self.precision
+
+    def __call__(self, sequences: list[list[int]], starts: list[int], k: int,
+                 description: str = "labels") -> list[tuple[np.ndarray, np.ndarray]]:
+        return top_k_labels(self.runner_of(), sequences, starts, k, self.precision, self.batch_size)
+
+
 def top_k_of(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
     """logits [positions, V] of one sequence -> its labels (top_k_arrays). One row at a time: the float32
     log-probabilities of a whole batch of code excerpts ([8, 160, 49,152]) took 250 MB, twice."""
@@ -298,15 +322,15 @@ def top_k_of(logits: torch.Tensor, k: int) -> tuple[np.ndarray, np.ndarray]:
     return top_k_arrays(top.indices.cpu().numpy(), top.values.cpu().numpy())
 
 
-def labelling_bound(runner: CausalLMRunner, records: list[dict], top_k_logprobs: int, precision: Precision,
-                    batch_size: int = LABEL_BATCH, with_prompts: bool = False) -> LabelRate:
+def labelling_bound(labels, records: list[dict], top_k_logprobs: int, with_prompts: bool = False) -> LabelRate:
     """The target's top-k at the answer tokens of (up to BOUND_SEQUENCES of) `records` (with_prompts: and at their
-    prompt tokens from `prompt_labels_from` on), timed: what any source's tokens cost at least, one teacher-forced
-    forward per batch. The records are left as they were."""
+    prompt tokens from `prompt_labels_from` on) from `labels`, timed: what any source's tokens cost at least,
+    teacher-forced. The records are left as they were."""
     sample = records[:BOUND_SEQUENCES]
     starts = [r["prompt_labels_from"] if with_prompts else r["prompt_length"] for r in sample]
+    labels.ready()
     began = time.perf_counter()
-    top_k_labels(runner, [r["input_ids"] for r in sample], starts, top_k_logprobs, precision, batch_size)
+    labels([r["input_ids"] for r in sample], starts, top_k_logprobs, "the bound's labels")
     return LabelRate("teacher-forced bound", sum(len(r["input_ids"]) - start for r, start in zip(sample, starts)),
                      time.perf_counter() - began)
 
@@ -314,13 +338,15 @@ def labelling_bound(runner: CausalLMRunner, records: list[dict], top_k_logprobs:
 def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprint: str, sampling: SamplingParams,
                      max_new_tokens: int, batch_size: int, seed: int, system_prompt: str | None,
                      top_k_logprobs: int, accelerator=None, precision: Precision = FLOAT32,
-                     served: ServedAnswers | None = None,
-                     prompt_labelling: Precision | None = None) -> Generated:
-    """-> the dataset, its cache directory, whether it came from the cache, what labelling the prompts cost. `served`: a server answers instead
-    of the target here (generate.answers, distill/answers_from_server.py). `prompt_labelling`: the precision of the
-    target's forward that labels the prompts' tokens too (label_prompts); None: only the answers are labelled."""
+                     served: ServedAnswers | None = None, labels: "InProcessLabels | None" = None,
+                     label_prompts_too: bool = False) -> Generated:
+    """-> the dataset, its cache directory, whether it came from the cache, what labelling the prompts cost.
+    `served`: a server answers instead of the target here (generate.answers, distill/answers_from_server.py).
+    `labels`: the target's teacher-forced labels (distill/target_labels.py; None: the target here's, in
+    `precision`) of the served responses and, with label_prompts_too, of the prompts' tokens (label_prompts)."""
+    labels = labels or InProcessLabels(pair.target_runner, "off", precision)
     key = cache_key(target_fingerprint, domain, prompts, sampling, max_new_tokens, seed, system_prompt,
-                    top_k_logprobs, served.source if served else IN_PROCESS, prompt_labelling is not None)
+                    top_k_logprobs, served.source if served else IN_PROCESS, label_prompts_too)
     directory = dataset_directory(domain, key)
     cached = load_cached_dataset(domain, key, target_fingerprint)
     if cached is not None:
@@ -331,13 +357,14 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
     mine = prompts[rank::world]
     runner = None if served else pair.target_runner()
     began = time.perf_counter()
-    scored, mine = served_responses.scored_records(pair, mine, target_fingerprint, sampling, max_new_tokens,
-                                                   system_prompt, top_k_logprobs, precision, batch_size, score_answers)
+    scored, mine = served_responses.scored_records(
+        pair, mine, target_fingerprint, sampling, max_new_tokens, system_prompt, top_k_logprobs,
+        lambda records: score_answers(labels, records, top_k_logprobs, "served responses' labels"))
     served_rate = LabelRate("the target scores served responses (teacher-forced)", sum(
         len(record["input_ids"]) - record["prompt_length"] for record in scored), time.perf_counter() - began) \
         if scored else None
 
-    template = user_turn_template(pair.tokenizer, system_prompt) if prompt_labelling is not None else None
+    template = user_turn_template(pair.tokenizer, system_prompt) if label_prompts_too else None
     user_template = template[0] if template else None
 
     def answer(prompt_ids: list[list[int]], turn: int = 0, label_from: list[int] | None = None) -> list[dict]:
@@ -351,7 +378,7 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
 
     # the target here labels single-turn prompts in the forwards that read them; a server's answers, a
     # conversation's turns and the scored responses get a labelling pass of their own
-    label_while_answering = prompt_labelling is not None and not served and not any(p.messages for p in mine)
+    label_while_answering = label_prompts_too and not served and not any(p.messages for p in mine)
     if any(p.messages for p in mine):
         records = regenerated_turns(pair.tokenizer, mine, system_prompt, answer)
     else:
@@ -361,9 +388,10 @@ def generate_dataset(pair, prompts: list[Prompt], domain: str, target_fingerprin
         records = [{"id": p.id, "prompt": p.text, "source": "target", **row} for p, row in zip(mine, answers)]
     prompt_rate = None
     unlabelled = [record for record in records + scored if "prompt_top_ids" not in record]
-    if prompt_labelling is not None and unlabelled:
+    if label_prompts_too and unlabelled:
+        labels.ready()
         began = time.perf_counter()
-        label_prompts(pair.target_runner(), unlabelled, user_template, top_k_logprobs, prompt_labelling)
+        label_prompts(labels, unlabelled, user_template, top_k_logprobs)
         prompt_rate = LabelRate("the target labels the prompts (teacher-forced)",
                                 sum(len(record["prompt_top_ids"]) for record in unlabelled),
                                 time.perf_counter() - began)

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import datasets
 
-from decode.precision import Precision
+from distill.answers_from_server import IN_PROCESS
 from distill.conversations import chat_ids
-from distill.generate import (dataset_directory, dataset_entry, load_cached_dataset, save_dataset_atomically,
-                              top_k_labels)
+from distill.generate import dataset_directory, dataset_entry, load_cached_dataset, save_dataset_atomically
 from distill.throughput import LabelRate
 
 log = logging.getLogger(__name__)
@@ -54,33 +53,34 @@ def excerpt_records(tokenizer, excerpts: list[dict], max_tokens: int, system_pro
     return records
 
 
-def labelled_text_key(target_fingerprint: str, records: list[dict], top_k_logprobs: int) -> str:
-    """Everything the labelled records hold but the labels: each one's id, where its answer starts and its ids."""
+def labelled_text_key(target_fingerprint: str, records: list[dict], top_k_logprobs: int,
+                      source: str = IN_PROCESS) -> str:
+    """Everything the labelled records hold but the labels: each one's id, where its answer starts and its ids;
+    and who labelled them where that is not the target here (generate.labels=server)."""
     text = hashlib.sha256(json.dumps([[r["id"], r["prompt_length"], r["input_ids"]] for r in records]).encode())
     described = {"version": FORMAT_VERSION, "target": target_fingerprint, "sequences": text.hexdigest(),
                  "top_k_logprobs": top_k_logprobs}
+    if source != IN_PROCESS:
+        described["source"] = source
     return hashlib.sha256(json.dumps(described, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def labelled_records(runner_of, name: str, target_fingerprint: str, records: list[dict], top_k_logprobs: int,
-                     precision_of, create: bool,
-                     rate_source: str) -> tuple[datasets.Dataset | None, Path, LabelRate | None]:
-    """-> (the records labelled, cached as `name`, their cache directory, what labelling them cost when this call
-    did it). The target is only loaded (runner_of(), precision_of(runner)) when they are not cached; without
+def labelled_records(labels, name: str, target_fingerprint: str, records: list[dict], top_k_logprobs: int,
+                     create: bool, rate_source: str) -> tuple[datasets.Dataset | None, Path, LabelRate | None]:
+    """-> (the records labelled by `labels` (distill/target_labels.py), cached as `name`, their cache directory,
+    what labelling them cost when this call did it). The target is only asked when they are not cached; without
     `create` a missing cache gives None."""
-    key = labelled_text_key(target_fingerprint, records, top_k_logprobs)
+    key = labelled_text_key(target_fingerprint, records, top_k_logprobs, labels.source)
     directory = dataset_directory(name, key)
     dataset = load_cached_dataset(name, key, target_fingerprint)
     if dataset is not None or not create:
         return dataset, directory, None
-    runner = runner_of()
-    precision: Precision = precision_of(runner)
+    labels.ready()
     began = time.perf_counter()
-    labels = top_k_labels(runner, [r["input_ids"] for r in records], [r["prompt_length"] for r in records],
-                          top_k_logprobs, precision)
+    found = labels([r["input_ids"] for r in records], [r["prompt_length"] for r in records], top_k_logprobs, name)
     rate = LabelRate(rate_source,
                      sum(len(r["input_ids"]) - r["prompt_length"] for r in records), time.perf_counter() - began)
-    for record, (top_ids, top_logprobs) in zip(records, labels):
+    for record, (top_ids, top_logprobs) in zip(records, found):
         record["target_top_ids"], record["target_top_logprobs"] = top_ids, top_logprobs
     save_dataset_atomically(datasets.Dataset.from_list(records), dataset_entry(name, key, target_fingerprint))
     log.info("%s", rate.line())

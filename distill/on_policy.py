@@ -18,8 +18,6 @@ import torch
 
 from decode.examples import Example
 from decode.models import make_runner
-from decode.precision import FLOAT32, Precision
-from decode.runner import CausalLMRunner
 from decode.sampling import SamplingParams
 from distill.data import examples_from_records
 from distill.generate import answer_prompts, score_answers
@@ -28,7 +26,7 @@ from distill.throughput import LabelRate
 
 @dataclass
 class OnPolicySampler:
-    target: CausalLMRunner
+    labels: object  # the target's teacher-forced labels (distill/target_labels.py)
     prompt_ids: list[list[int]]  # the chat-formatted training prompts the draft answers
     eos_token_ids: list[int]
     vocab_size: int
@@ -39,7 +37,6 @@ class OnPolicySampler:
     max_length: int
     seed: int
     answers_per_prompt: int = 1
-    precision: Precision = FLOAT32  # of the target's labelling forward
 
     @property
     def answers_per_refresh(self) -> int:
@@ -64,7 +61,7 @@ class OnPolicySampler:
                                  self.batch_size, seed=self.seed * 100_003 + refresh, show_progress=False)
         draft.train(was_training)
         written = time.perf_counter()
-        scored = score_answers(self.target, answers, self.top_k_logprobs, self.precision)
+        scored = score_answers(self.labels, answers, self.top_k_logprobs, "on-policy labels")
         rate = LabelRate("on-policy (the draft writes, the target labels)",
                          sum(len(a["input_ids"]) - a["prompt_length"] for a in scored), time.perf_counter() - began,
                          {"draft writes": written - began, "target labels": time.perf_counter() - written})

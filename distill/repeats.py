@@ -15,8 +15,6 @@ from typing import Sequence
 import numpy as np
 
 from decode.examples import Example
-from decode.precision import FLOAT32, Precision
-from decode.runner import CausalLMRunner
 from distill.data import examples_from_records
 from distill.generate import score_answers
 
@@ -35,10 +33,11 @@ def repeat_records(token_ids: Sequence[int], rows: int, seed: int) -> list[dict]
     return records
 
 
-def repeat_examples(target: CausalLMRunner, token_ids: Sequence[int], rows: int, top_k_logprobs: int,
-                    max_length: int, seed: int, precision: Precision = FLOAT32) -> list[Example]:
-    """repeat_records with the target's top-k log-probabilities at each labelled token."""
+def repeat_examples(labels, token_ids: Sequence[int], rows: int, top_k_logprobs: int, max_length: int,
+                    seed: int) -> list[Example]:
+    """repeat_records with the target's top-k log-probabilities at each labelled token (`labels`:
+    distill/target_labels.py)."""
     if not rows:
         return []
-    records = score_answers(target, repeat_records(token_ids, rows, seed), top_k_logprobs, precision)
+    records = score_answers(labels, repeat_records(token_ids, rows, seed), top_k_logprobs, "repeats' labels")
     return examples_from_records(records, max_length)

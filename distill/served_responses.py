@@ -199,11 +199,11 @@ def holds_control_tokens(token_ids: tuple[int, ...], control: set[int], eos: set
 
 
 def scored_records(pair, prompts: list, target_fingerprint: str, sampling: SamplingParams,
-                   max_new_tokens: int, system_prompt: Optional[str], top_k_logprobs: int, precision,
-                   batch_size: int, score_answers: Callable) -> tuple[list[dict], list]:
+                   max_new_tokens: int, system_prompt: Optional[str], top_k_logprobs: int,
+                   score: Callable[[list[dict]], list[dict]]) -> tuple[list[dict], list]:
     """-> (the records of the prompts whose served responses the target scores, in generate's format with source
     "served"; the prompts left to generate). Logs how many were scored, and why the others are regenerated.
-    score_answers: distill/generate.py's (passed in: generate imports this module)."""
+    score: adds the target's labels at the records' answer tokens (distill/generate.py score_answers)."""
     vocab_size, eos = pair.vocab_size, set(pair.eos_token_ids)
     control = control_token_ids(pair.tokenizer)
     usable, left, reasons = [], [], Counter()
@@ -235,7 +235,7 @@ def scored_records(pair, prompts: list, target_fingerprint: str, sampling: Sampl
                   "stopped_by_eos": answer[-1] in eos}
         records.append({**record, "conversation": prompt.id, "turn": 0} if conversations else record)
     if top_k_logprobs:
-        score_answers(pair.target_runner(), records, top_k_logprobs, precision, batch_size)
+        score(records)
     log.info("%d served responses scored by the target, not regenerated%s", len(records),
              f" ({cut} cut to generate.max_new_tokens={max_new_tokens})" if cut else "")
     return records, left

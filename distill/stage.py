@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import datasets
@@ -19,7 +19,8 @@ from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.errors import ConfigError
 from decode.models import model_fingerprint
-from decode.precision import FLOAT32, Precision
+from decode.pair import user_turn_template
+from decode.precision import FLOAT32
 from distill.config import DomainConfig, GenerateConfig
 from decode.stage_results import GenerateResult
 from distill.code_text import SOURCE as CODE_TEXT, labelled_code_text
@@ -27,10 +28,11 @@ from distill.corpus import SOURCE as CORPUS, corpus_location, labelled_corpus
 from distill.data import DomainPrompts, Prompt, components_count
 from distill.documents import document_prompts
 from distill.generate import (BOUND_SEQUENCES, answer_batch_size, cache_key, dataset_directory, generate_dataset,
-                              generation_precision, labelling_bound, labelling_precision, load_cached_dataset)
+                              generation_precision, labelling_bound, load_cached_dataset, prompt_label_starts)
 from distill.throughput import LabelRate
 from distill.magpie import with_target_written_prompts
 from distill.answers_from_server import answer_source, answering_server
+from distill.target_labels import InProcessLabels, label_difference, target_labels
 from distill.served_responses import SERVED
 
 log = logging.getLogger(__name__)
@@ -57,7 +59,8 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
     """-> ({"train": answers, "validation": answers}, the record); generated when `create`, else looked up.
 
     The target's forwards run in the precision generate.autocast asks for, decided once, when answers are missing;
-    with generate.answers=server or llama_server a server answers instead (distill/answers_from_server.py).
+    with generate.answers=server or llama_server a server answers instead (distill/answers_from_server.py), and
+    with generate.labels=server the servers give every label (distill/target_labels.py).
     """
     sampling = settings.sampling(decode)
     source = answer_source(settings)
@@ -70,10 +73,11 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                 log.info("domain %s, %s prompts by component: %s", domain.name, split,
                          ", ".join(f"{name} {count}" for name, count in components_count(split_prompts).items()))
     documents = _documents_to_summarize(ctx, domain, create)
-    found, where, precision, labelling, rates = {}, {}, None, None, []
+    found, where, precision, rates, difference = {}, {}, None, [], None
     batch_size = settings.batch_size  # a server's answers: requests in flight are server_parallel
     with answering_server(settings, ctx.target_spec, ctx.pair.eos_token_ids, ctx.run_dir / "generate_server.log",
-                          ctx.pair.vocab_size) as served:
+                          ctx.pair.vocab_size, fingerprint) as served:
+        labels = target_labels(settings, ctx.pair.target_runner, served)
         for split, split_prompts in training_prompts(prompts, settings, documents).items():
             name = f"{domain.name}-{split}"
             prompt_labels = settings.label_prompts and split == "train"  # the training metric stays on answers
@@ -86,16 +90,18 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                     precision = generation_precision(runner, settings.autocast, settings.batch_size)
                     batch_size = answer_batch_size(runner, precision, settings.batch_size,
                                                    max(settings.batch_size, settings.max_batch_size))
+                if not labels.in_process and settings.server_check and difference is None:
+                    difference = _check_server_labels(ctx, domain, settings, labels, split_prompts)
                 if prompt_labels:
-                    labelling = labelling or labelling_precision(ctx.pair.target_runner(), settings.autocast)
+                    labels.ready()
                 began = time.perf_counter()
                 generated = generate_dataset(
                     ctx.pair, split_prompts, name, fingerprint, sampling, settings.max_new_tokens,
                     batch_size, ctx.seed, domain.system_prompt, settings.top_k_logprobs, ctx.accelerator,
-                    precision or FLOAT32, served, labelling if prompt_labels else None)
+                    precision or FLOAT32, served, labels, prompt_labels)
                 dataset, directory = generated.dataset, generated.directory
                 if split == "train":
-                    rates = _label_rates(ctx, settings, dataset, time.perf_counter() - began, source, labelling,
+                    rates = _label_rates(settings, dataset, time.perf_counter() - began, source, labels,
                                          generated.prompt_rate, generated.served_rate,
                                          generated.prompts_labelled_while_answering)
             elif create:
@@ -104,13 +110,30 @@ def target_answers(ctx: RunContext, domain: DomainConfig, settings: GenerateConf
                 raise ConfigError(f"no generated answers for these settings ({directory}); "
                                   f"run the generate stage first, e.g. stages=[generate,train]")
             found[split], where[split] = dataset, str(directory)
-        existing, existing_record, existing_rates = _labelled_texts(ctx, domain, settings, fingerprint, labelling,
+        existing, existing_record, existing_rates = _labelled_texts(ctx, domain, settings, fingerprint, labels,
                                                                     create)
     return {**found, **existing}, GenerateResult(
         train_data=where["train"], validation_data=where["validation"], train_answers=len(found["train"]),
         validation_answers=len(found["validation"]), autocast=precision.name if precision else None,
         autocast_speedup=precision.speedup if precision else None, label_rates=rates + existing_rates,
-        **existing_record)
+        label_difference=asdict(difference) if difference else None, **existing_record)
+
+
+def _check_server_labels(ctx: RunContext, domain: DomainConfig, settings: GenerateConfig, labels,
+                         prompts: list[Prompt]):
+    """The servers' labels of the first generate.server_check prompts (from the user's message on) against the
+    target's here in float32, logged: float noise where they serve the target in float32, a bf16 server's rounding
+    where it serves bf16."""
+    prompt_ids = ctx.pair.encode_chat([prompt.text for prompt in prompts[: settings.server_check]],
+                                      domain.system_prompt)
+    template = user_turn_template(ctx.pair.tokenizer, domain.system_prompt)
+    starts = [max(1, start) for start in prompt_label_starts(prompt_ids, template[0] if template else None)]
+    starts = [start if start < len(ids) else 1 for start, ids in zip(starts, prompt_ids)]
+    difference = label_difference(labels(prompt_ids, starts, settings.top_k_logprobs, "the check's labels"),
+                                  InProcessLabels(ctx.pair.target_runner, "off")(
+                                      prompt_ids, starts, settings.top_k_logprobs))
+    log.info("%s", difference.line(labels.source))
+    return difference
 
 
 def _documents_to_summarize(ctx: RunContext, domain: DomainConfig, create: bool) -> list[Prompt]:
@@ -131,27 +154,19 @@ def _documents_to_summarize(ctx: RunContext, domain: DomainConfig, create: bool)
 
 
 def _labelled_texts(ctx: RunContext, domain: DomainConfig, settings: GenerateConfig, fingerprint: str,
-                    labelling: Precision | None, create: bool) -> tuple[dict[str, datasets.Dataset], dict, list[dict]]:
-    """The existing texts the domain trains on beside the answers, labelled by the target -> (their datasets by
-    source, their record's fields, what labelling them cost where this call did it)."""
-    measured = []
-
-    def precision_of(runner) -> Precision:  # the answers' where they measured it, else measured once here
-        if not measured:
-            measured.append(labelling or labelling_precision(runner, settings.autocast))
-        return measured[0]
-
-    target = (ctx.pair.target_runner, ctx.pair.tokenizer, domain.name, fingerprint)
+                    labels, create: bool) -> tuple[dict[str, datasets.Dataset], dict, list[dict]]:
+    """The existing texts the domain trains on beside the answers, labelled by the target (`labels`) -> (their
+    datasets by source, their record's fields, what labelling them cost where this call did it)."""
+    target = (labels, ctx.pair.tokenizer, domain.name, fingerprint)
     labelled = {}
     if domain.code_excerpts:
         labelled[CODE_TEXT] = labelled_code_text(
             *target, domain.code_excerpts, domain.code_excerpt_tokens, ctx.seed, domain.system_prompt,
-            settings.top_k_logprobs, precision_of, create,
-            Path(domain.code_root).expanduser() if domain.code_root else None)
+            settings.top_k_logprobs, create, Path(domain.code_root).expanduser() if domain.code_root else None)
     if domain.corpus and domain.corpus_excerpts:
         labelled[CORPUS] = labelled_corpus(
             *target, corpus_location(domain.corpus), domain.corpus_excerpts, domain.corpus_excerpt_tokens,
-            ctx.seed, domain.system_prompt, settings.top_k_logprobs, precision_of, create)
+            ctx.seed, domain.system_prompt, settings.top_k_logprobs, create)
     found, rates = {}, []
     record = {"corpus": domain.corpus} if CORPUS in labelled else {}
     for source, (dataset, directory, rate) in labelled.items():
@@ -167,12 +182,13 @@ def _labelled_texts(ctx: RunContext, domain: DomainConfig, settings: GenerateCon
     return found, record, rates
 
 
-def _label_rates(ctx: RunContext, settings: GenerateConfig, answers: datasets.Dataset, seconds: float,
-                 source: str, labelling: Precision | None, prompt_rate: LabelRate | None,
-                 served_rate: LabelRate | None, while_answering: bool = False) -> list[dict]:
+def _label_rates(settings: GenerateConfig, answers: datasets.Dataset, seconds: float, source: str, labels,
+                 prompt_rate: LabelRate | None, served_rate: LabelRate | None,
+                 while_answering: bool = False) -> list[dict]:
     """Target-labelled tokens per CPU-minute of the answers just made, logged beside the bound: the same tokens
-    labelled by one teacher-forced forward of the target here (distill/throughput.py); then those of the served
-    responses scored instead of answered, and of the prompts' tokens, where there were any."""
+    labelled teacher-forced by `labels` (the target here, one forward a batch, or the servers: distill/throughput.py);
+    then those of the served responses scored instead of answered, and of the prompts' tokens, where there were
+    any."""
     decoded = [record for record in answers.select_columns(
         [name for name in ("input_ids", "prompt_length", "source", "prompt_labels_from", "prompt_top_ids")
          if name in answers.column_names]).to_list() if record["source"] != SERVED]
@@ -184,9 +200,7 @@ def _label_rates(ctx: RunContext, settings: GenerateConfig, answers: datasets.Da
                                                         if while_answering else ""),
                      decoded_tokens + prompt_tokens, seconds - sum(rate.seconds for rate in others),
                      prompt_tokens=prompt_tokens)
-    runner = ctx.pair.target_runner()
-    bound = labelling_bound(runner, decoded[:BOUND_SEQUENCES], settings.top_k_logprobs,
-                            labelling or labelling_precision(runner, settings.autocast), with_prompts=while_answering)
+    bound = labelling_bound(labels, decoded[:BOUND_SEQUENCES], settings.top_k_logprobs, with_prompts=while_answering)
     log.info("%s", made.line(bound))
     for rate in others:
         log.info("%s", rate.line())

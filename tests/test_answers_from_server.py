@@ -10,10 +10,8 @@ import logging
 import os
 import subprocess
 import sys
-import threading
 import time
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import datasets
@@ -31,6 +29,8 @@ from distill.config import GenerateConfig
 from distill.data import Prompt
 from distill.generate import cache_key, score_answers
 from distill.answers_from_server import AnswerServerError, ServedAnswers, answer_source
+from distill.target_labels import InProcessLabels, ServerLabels
+from fake_engine import JsonHandler, on_loopback
 
 ROOT = Path(__file__).resolve().parents[1]
 # llama-server's default flash attention keeps K and V in f16: measured up to 4.3e-3 on log-probabilities of
@@ -50,7 +50,7 @@ def llama_server_answers(tiny_pair, target_gguf, tmp_path_factory, server_binary
     """One llama-server (2 slots) for the module's requests, stopped at its end."""
     served = ServedAnswers(GenerateConfig(answers="llama_server", server_parallel=2), ModelSpec(path=str(target_gguf)),
                            tiny_pair.eos_token_ids, tmp_path_factory.mktemp("server") / "server.log",
-                           tiny_pair.vocab_size)
+                           tiny_pair.vocab_size, "tiny")
     yield served
     served.close()
 
@@ -61,13 +61,14 @@ def prompt_ids(pair, count=4):
 
 def served_answers(url: str, tmp_path: Path, eos_token_ids=(0,)) -> ServedAnswers:
     return ServedAnswers(GenerateConfig(answers="server", server_url=url, server_parallel=2),
-                         ModelSpec(path="tiny-random"), list(eos_token_ids), tmp_path / "server.log", VOCAB_SIZE)
+                         ModelSpec(path="tiny-random"), list(eos_token_ids), tmp_path / "server.log", VOCAB_SIZE,
+                         str(tmp_path))  # a fingerprint of the test's own: no shards of another test are read
 
 
 def target_scores(pair, records: list[dict], k: int) -> list[dict]:
     """The same answers scored by the tiny target here, teacher-forced (distill/generate.py)."""
     answers = [{"input_ids": r["input_ids"], "prompt_length": r["prompt_length"]} for r in records]
-    return score_answers(pair.target_runner(), answers, k)
+    return score_answers(InProcessLabels(pair.target_runner, "off"), answers, k)
 
 
 def close_enough(rows, others) -> bool:
@@ -105,8 +106,24 @@ def test_sampled_answers_record_the_targets_distribution_at_temperature_1(tiny_p
         answer = record["input_ids"][record["prompt_length"]:]
         assert all(token in ids[:5] for token, ids in zip(answer, record["target_top_ids"]))  # top_k=5 sampling
         assert close_enough(record["target_top_logprobs"], scored["target_top_logprobs"])
+    llama_server_answers.remove_shards()  # else the answers kept as they came would be read back
     again = llama_server_answers.answer(prompts, sampling, 12, seed=3, top_k_logprobs=8, show_progress=False)
     assert [r["input_ids"] for r in again] == [r["input_ids"] for r in records]  # the seed decides
+
+
+@pytest.mark.serving
+def test_teacher_forced_labels_from_llama_server_a_position_a_request_are_the_targets(tiny_pair,
+                                                                                     llama_server_answers):
+    """llama-server returns no log-probabilities of a prompt: each position is one request for a forced token, and
+    the labels are the target's here (within llama-server's f16 cache)."""
+    prompts = prompt_ids(tiny_pair, 3)
+    starts = [len(prompt) - 5 for prompt in prompts]
+    found = ServerLabels(llama_server_answers)(prompts, starts, 8)
+    expected = InProcessLabels(tiny_pair.target_runner, "off")(prompts, starts, 8)
+    for (ids, log_probs), (expected_ids, expected_log_probs) in zip(found, expected):
+        assert ids.shape == (5, 8) and ids[:, 0].tolist() == expected_ids[:, 0].tolist()
+        assert close_enough(log_probs, expected_log_probs)
+    llama_server_answers.remove_shards()
 
 
 def test_an_unreachable_server_fails_at_once_naming_its_url_and_what_to_start(tmp_path):
@@ -118,44 +135,27 @@ def test_an_unreachable_server_fails_at_once_naming_its_url_and_what_to_start(tm
     assert time.monotonic() - started < 5
 
 
-class FakeServer(BaseHTTPRequestHandler):
+class FakeServer(JsonHandler):
     """Answers POSTs with reply(path, body) as JSON; GET /props as `props` (None: 404, not llama-server)."""
 
     def do_GET(self):
         if self.path == "/props" and self.props is not None:
-            self._send(self.props)
+            self.send_json(200, self.props)
         else:
             self.send_error(404)
 
     def do_POST(self):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         self.requests.append((self.path, body))
-        self._send(self.reply(self.path, body))
-
-    def _send(self, payload):
-        data = json.dumps(payload).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args):
-        pass
+        self.send_json(200, self.reply(self.path, body))
 
 
 @contextmanager
 def fake_server(reply, props=None):
     """-> (its base URL, the (path, body) of every request it got)."""
     handler = type("Handler", (FakeServer,), {"reply": staticmethod(reply), "props": props, "requests": []})
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_port}/v1", handler.requests
-    finally:
-        server.shutdown()
-        server.server_close()
+    with on_loopback(handler) as url:
+        yield url, handler.requests
 
 
 def openai_without_logprobs(path, body):
@@ -215,7 +215,7 @@ def test_the_answer_source_is_checked_and_keeps_answers_apart():
         answer_source(GenerateConfig(answers="vllm"))
     with pytest.raises(ConfigError, match=r"serves the target's GGUF.*pair.target.path=<file>.gguf"):
         ServedAnswers(GenerateConfig(answers="llama_server"), ModelSpec(path="tiny-random"), [0],
-                      Path("unused.log"), VOCAB_SIZE).answer([[1]], SamplingParams(), 4, seed=0, top_k_logprobs=4)
+                      Path("unused.log"), VOCAB_SIZE, "tiny").answer([[1]], SamplingParams(), 4, seed=0, top_k_logprobs=4)
     prompts = [Prompt(id="a", text="hi", split="train")]
 
     def key(source):

@@ -32,6 +32,7 @@ from distill.config import DomainConfig, GenerateConfig
 from distill.data import DomainPrompts, Prompt
 from distill.magpie import write_target_prompts
 from distill.stage import target_answers
+from distill.target_labels import InProcessLabels
 
 ROOT = Path(__file__).resolve().parents[1]
 SETTINGS = GenerateConfig(max_train_prompts=3, max_validation_prompts=1, max_new_tokens=4, batch_size=4,
@@ -257,8 +258,8 @@ def test_corrupt_labelled_code_text_is_labelled_again(tmp_path, cache, tiny_pair
         return tiny_pair.target_runner()
 
     def code_text():
-        return labelled_code_text(runner, tiny_pair.tokenizer, "unit", "fingerprint", 1, 40, 0, None, 4,
-                                  lambda runner: FLOAT32, True, tmp_path / "code")
+        return labelled_code_text(InProcessLabels(runner, "off", FLOAT32), tiny_pair.tokenizer, "unit", "fingerprint", 1, 40,
+                                  0, None, 4, True, tmp_path / "code")
 
     first, directory, _ = code_text()
     records = first.to_list()  # read now: the dataset maps the file damaged next

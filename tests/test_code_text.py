@@ -8,6 +8,7 @@ from decode.precision import FLOAT32, Precision
 from distill.code_text import SOURCE, code_excerpts, labelled_code_text
 from distill.generate import top_k_labels
 from distill.labelled_text import excerpt_records
+from distill.target_labels import InProcessLabels
 
 
 @pytest.fixture
@@ -41,9 +42,9 @@ def test_excerpts_are_functions_of_kept_files_and_the_same_under_a_seed(packages
 
 def test_labels_are_the_targets_top_k_at_every_code_token_and_cached(tiny_pair, packages, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
-    args = (tiny_pair.tokenizer, "unit", "tiny-random-v1", 2, 40, 0, None, 5, lambda runner: FLOAT32)
-    dataset, directory, rate = labelled_code_text(tiny_pair.target_runner, args[0], *args[1:], create=True,
-                                                  root=packages)
+    args = (tiny_pair.tokenizer, "unit", "tiny-random-v1", 2, 40, 0, None, 5)
+    dataset, directory, rate = labelled_code_text(InProcessLabels(tiny_pair.target_runner, "off"), args[0],
+                                                  *args[1:], create=True, root=packages)
     assert rate is not None and rate.tokens == sum(len(r["input_ids"]) - r["prompt_length"] for r in dataset)
     for record in dataset:
         ids = record["input_ids"]
@@ -57,11 +58,11 @@ def test_labels_are_the_targets_top_k_at_every_code_token_and_cached(tiny_pair, 
     def no_target():
         raise AssertionError("the cached excerpts loaded the target")
 
-    again, again_directory, again_rate = labelled_code_text(no_target, args[0], *args[1:], create=True,
-                                                            root=packages)
+    again, again_directory, again_rate = labelled_code_text(InProcessLabels(no_target, "off"), args[0], *args[1:],
+                                                            create=True, root=packages)
     assert again_directory == directory and again_rate is None and again["input_ids"] == dataset["input_ids"]
-    missing, _, _ = labelled_code_text(no_target, args[0], "unit", "another-target", *args[3:], create=False,
-                                       root=packages)
+    missing, _, _ = labelled_code_text(InProcessLabels(no_target, "off"), args[0], "unit", "another-target",
+                                       *args[3:], create=False, root=packages)
     assert missing is None
 
 
@@ -77,8 +78,8 @@ def test_an_excerpt_is_cut_to_its_token_budget_after_the_chat_prompt(tiny_pair, 
 def test_a_code_root_without_functions_is_refused_with_what_to_change(tiny_pair, tmp_path):
     (tmp_path / "notes.py").write_text("VALUE = 1\n")
     with pytest.raises(ConfigError, match="domain.code_root"):
-        labelled_code_text(tiny_pair.target_runner, tiny_pair.tokenizer, "unit", "t", 4, 40, 0, None, 5,
-                           lambda runner: FLOAT32, create=True, root=tmp_path)
+        labelled_code_text(InProcessLabels(tiny_pair.target_runner, "off"), tiny_pair.tokenizer, "unit", "t", 4, 40,
+                           0, None, 5, create=True, root=tmp_path)
 
 
 @pytest.mark.parametrize("precision", [FLOAT32, Precision(dtype=torch.bfloat16)])

@@ -20,6 +20,7 @@ from distill.conversations import chat_ids
 from distill.corpus import RATE_SOURCE, corpus_excerpts, labelled_corpus
 from distill.labelled_text import fenced
 from distill.passages import passage_excerpts
+from distill.target_labels import InProcessLabels
 from train.pipeline import _data_lines, run_directory, validate
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -120,8 +121,8 @@ def test_the_skipped_files_and_lines_are_named_in_one_log_line_with_the_files_re
                                                                                   monkeypatch, caplog):
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
     with caplog.at_level(logging.INFO, logger="distill.corpus"):
-        labelled_corpus(tiny_pair.target_runner, tiny_pair.tokenizer, "unit", "tiny", corpus, 500, 160, 0, None, 5,
-                        lambda runner: FLOAT32, create=True)
+        labelled_corpus(InProcessLabels(tiny_pair.target_runner, "off"), tiny_pair.tokenizer, "unit", "tiny", corpus,
+                        500, 160, 0, None, 5, create=True)
     (line,) = [record for record in caplog.records if record.name == "distill.corpus"]
     assert line.levelno == logging.WARNING
     assert f"domain.corpus {corpus}: 5 files read into 10 excerpts, 10 drawn" in line.message
@@ -141,8 +142,9 @@ def test_the_log_line_names_ten_skipped_files_and_counts_the_rest(tmp_path, toke
 def test_the_labels_are_the_targets_top_k_at_every_answer_token_and_a_second_call_reuses_them(
         corpus, tiny_pair, tmp_path, monkeypatch):
     monkeypatch.setenv("SPECDRAFT_CACHE", str(tmp_path / "cache"))
-    args = ("unit", "tiny", corpus, 500, 40, 0, "Be terse.", 5, lambda runner: FLOAT32)
-    dataset, directory, rate = labelled_corpus(tiny_pair.target_runner, tiny_pair.tokenizer, *args, create=True)
+    args = ("unit", "tiny", corpus, 500, 40, 0, "Be terse.", 5)
+    dataset, directory, rate = labelled_corpus(InProcessLabels(tiny_pair.target_runner, "off"), tiny_pair.tokenizer,
+                                               *args, create=True)
     assert len(dataset) == corpus_excerpts(corpus, 500, 0, within(tiny_pair.tokenizer, 40), "unit").found > 10
     assert rate is not None and rate.source == RATE_SOURCE
     assert rate.tokens == sum(len(r["input_ids"]) - r["prompt_length"] for r in dataset)
@@ -164,7 +166,8 @@ def test_the_labels_are_the_targets_top_k_at_every_answer_token_and_a_second_cal
     def no_target():
         raise AssertionError("the cached corpus loaded the target")
 
-    again, again_directory, again_rate = labelled_corpus(no_target, tiny_pair.tokenizer, *args, create=True)
+    again, again_directory, again_rate = labelled_corpus(InProcessLabels(no_target, "off"), tiny_pair.tokenizer,
+                                                         *args, create=True)
     assert again_directory == directory and again_rate is None and again["input_ids"] == dataset["input_ids"]
 
 
@@ -196,8 +199,8 @@ def test_a_paragraph_over_the_budget_is_cut_at_line_then_sentence_ends_and_a_tit
 def test_a_corpus_without_an_excerpt_is_refused_saying_what_it_found(tmp_path, tiny_pair):
     write_unusable(tmp_path)
     with pytest.raises(ConfigError) as refused:
-        labelled_corpus(tiny_pair.target_runner, tiny_pair.tokenizer, "unit", "tiny", tmp_path, 500, 160, 0, None,
-                        5, lambda runner: FLOAT32, create=True)
+        labelled_corpus(InProcessLabels(tiny_pair.target_runner, "off"), tiny_pair.tokenizer, "unit", "tiny",
+                        tmp_path, 500, 160, 0, None, 5, create=True)
     message = str(refused.value)
     assert "0 files read into 0 excerpts" in message and "point domain.corpus at text" in message
     assert all(skipped in message for skipped in SKIPPED if not skipped.startswith("chats"))

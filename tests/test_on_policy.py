@@ -11,13 +11,14 @@ from decode.pair import user_turn_template
 from decode.sampling import SamplingParams
 from distill.generate import answer_prompts, label_prompts, prompt_label_starts, score_answers
 from distill.on_policy import OnPolicySampler
+from distill.target_labels import InProcessLabels
 from test_train_pipeline import make_recipe, tiny_examples  # noqa: F401,F811 (fixtures)
 
 PROMPTS = ["hi", "write code", "add 2 and 3", "translate: chat", "a b c", "why?", "sort a list", "sum 1..n"]
 
 
 def sampler(pair, seed=0, answers_per_prompt=1):
-    return OnPolicySampler(pair.target_runner(), pair.encode_chat(PROMPTS), pair.eos_token_ids, pair.vocab_size,
+    return OnPolicySampler(InProcessLabels(pair.target_runner, "off"), pair.encode_chat(PROMPTS), pair.eos_token_ids, pair.vocab_size,
                            SamplingParams(temperature=0.7, top_p=0.9), max_new_tokens=12, batch_size=3,
                            top_k_logprobs=16, max_length=512, seed=seed, answers_per_prompt=answers_per_prompt)
 
@@ -66,8 +67,9 @@ def test_batched_scoring_equals_scoring_each_sequence_alone(tiny_pair):
                              SamplingParams(temperature=1.0), 16, 4, seed=0, show_progress=False)
     lengths = {len(a["input_ids"]) for a in answers}
     assert len(lengths) > 1, "the batches must mix lengths for padding to matter"
-    alone = score_answers(tiny_pair.target_runner(), [dict(a) for a in answers], 8, batch_size=1)
-    batched = score_answers(tiny_pair.target_runner(), [dict(a) for a in answers], 8, batch_size=5)
+    alone = score_answers(InProcessLabels(tiny_pair.target_runner, "off", batch_size=1), [dict(a) for a in answers], 8)
+    batched = score_answers(InProcessLabels(tiny_pair.target_runner, "off", batch_size=5), [dict(a) for a in answers],
+                            8)
     for one, many in zip(alone, batched):
         assert len(many["target_top_ids"]) == len(one["input_ids"]) - one["prompt_length"]
         torch.testing.assert_close(torch.tensor(many["target_top_logprobs"]), torch.tensor(one["target_top_logprobs"]),
@@ -82,8 +84,8 @@ def test_teacher_forced_labels_equal_the_top_k_that_generation_records(tiny_pair
     answers = answer_prompts(runner, tiny_pair.eos_token_ids, tiny_pair.encode_chat(PROMPTS),
                              SamplingParams(temperature=0.7, top_p=0.9), 16, 4, seed=2, show_progress=False,
                              top_k_logprobs=8)
-    labelled = score_answers(runner, [{"input_ids": a["input_ids"], "prompt_length": a["prompt_length"]}
-                                      for a in answers], 8, batch_size=3)
+    labelled = score_answers(InProcessLabels(lambda: runner, "off", batch_size=3),
+                             [{"input_ids": a["input_ids"], "prompt_length": a["prompt_length"]} for a in answers], 8)
     for recorded, forced in zip(answers, labelled):
         assert len(forced["target_top_ids"]) == len(recorded["target_top_ids"]) > 0
         torch.testing.assert_close(torch.tensor(forced["target_top_logprobs"]),
@@ -104,7 +106,7 @@ def test_prompt_labels_made_while_answering_equal_a_labelling_pass_of_their_own(
                            top_k_logprobs=8)
     labelled = answer_prompts(runner, tiny_pair.eos_token_ids, prompt_ids, sampling, 12, 4, seed=3,
                               show_progress=False, top_k_logprobs=8, label_prompts_from=starts[:-1])
-    separately = label_prompts(runner, [dict(answer) for answer in plain], template, 8)
+    separately = label_prompts(InProcessLabels(lambda: runner, "off"), [dict(answer) for answer in plain], template, 8)
     for answer, own, alone in zip(plain, labelled, separately):
         assert own["input_ids"] == answer["input_ids"]
         assert own["prompt_labels_from"] == alone["prompt_labels_from"] == len(template)

@@ -12,6 +12,7 @@ from decode.precision import FLOAT32, Precision, bf16_speedup, choose_precision,
 from decode.sampling import SamplingParams
 from decode.tiny import tiny_llama
 from distill.generate import answer_prompts, generation_precision, score_answers
+from distill.target_labels import InProcessLabels
 from test_train_pipeline import fixed_batch_loss, make_recipe, tiny_examples  # noqa: F401 (fixtures)
 
 
@@ -141,7 +142,7 @@ def test_answers_generated_under_bf16_record_float32_log_probabilities_near_the_
     answers = answer_prompts(runner, [], prompts, SamplingParams(temperature=1.0), 8, 3, seed=0, show_progress=False,
                              top_k_logprobs=5, precision=Precision(torch.bfloat16))
     recorded = [torch.tensor(answer["target_top_logprobs"]) for answer in answers]
-    rescored = score_answers(runner, [dict(answer) for answer in answers], 5, FLOAT32)
+    rescored = score_answers(InProcessLabels(lambda: runner, "off", FLOAT32), [dict(answer) for answer in answers], 5)
     for under_bf16, answer in zip(recorded, rescored):
         assert torch.isfinite(under_bf16).all()
         # the most likely token's log-probability, whatever the order of near-ties below it

@@ -11,6 +11,7 @@ from decode.sampling import SamplingParams
 from distill.data import answer_token_count, examples_from_records
 from distill.generate import answer_prompts, cache_key, label_prompts, prompt_label_starts
 from distill.data import Prompt
+from distill.target_labels import InProcessLabels
 
 PROMPTS = ["hi", "write code that sorts a list", "add 2 and 3", "why?"]
 
@@ -21,7 +22,7 @@ def labelled_answers(pair, system_prompt=None):
     answers = answer_prompts(runner, pair.eos_token_ids, prompt_ids, SamplingParams(temperature=0.7, top_p=0.9), 6,
                              2, seed=1, show_progress=False, top_k_logprobs=8)
     template, _ = user_turn_template(pair.tokenizer, system_prompt)
-    return label_prompts(runner, answers, template, 8, batch_size=3), template
+    return label_prompts(InProcessLabels(lambda: runner, "off", batch_size=3), answers, template, 8), template
 
 
 def test_prompt_labels_start_at_the_users_message_and_are_the_targets_top_k_there(tiny_pair):
@@ -42,14 +43,15 @@ def test_prompt_labels_start_at_the_users_message_and_are_the_targets_top_k_ther
 def test_a_prompt_that_does_not_start_with_the_template_gets_no_prompt_labels(tiny_pair):
     records, template = labelled_answers(tiny_pair)
     foreign = [{**records[0], "input_ids": [template[0] + 1] + records[0]["input_ids"][1:]}]
-    label_prompts(tiny_pair.target_runner(), foreign, template, 8)
+    label_prompts(InProcessLabels(tiny_pair.target_runner, "off"), foreign, template, 8)
     assert foreign[0]["prompt_labels_from"] == foreign[0]["prompt_length"] and len(foreign[0]["prompt_top_ids"]) == 0
 
 
 def test_a_prompt_answered_twice_is_labelled_once(tiny_pair):
     records, _ = labelled_answers(tiny_pair)
     copies = [{"input_ids": list(r["input_ids"]), "prompt_length": r["prompt_length"]} for r in records[:2] * 2]
-    label_prompts(tiny_pair.target_runner(), copies, user_turn_template(tiny_pair.tokenizer)[0], 8)
+    label_prompts(InProcessLabels(tiny_pair.target_runner, "off"), copies, user_turn_template(tiny_pair.tokenizer)[0],
+                  8)
     assert [len(c["prompt_top_ids"]) > 0 for c in copies] == [True, True, False, False]
     assert copies[0]["prompt_top_ids"].tolist() == records[0]["prompt_top_ids"].tolist()
 

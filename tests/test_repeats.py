@@ -10,6 +10,7 @@ from decode.kinds.base import REPEAT_ROWS, KindSettings
 from decode.kinds.registry import kind_named
 from distill.repeats import LONGEST, SHORTEST, repeat_examples, repeat_records
 from distill.stage import target_answers
+from distill.target_labels import InProcessLabels
 from train.config import MethodConfig
 from train.stage import run_train
 from tests.test_eagle3_train import DECODE, DOMAIN, GENERATE, PROMPTS, settings, stage_context
@@ -30,8 +31,8 @@ def test_each_record_is_one_random_sequence_read_twice_labelled_from_its_second_
 
 
 def test_the_labels_are_the_targets_top_k_over_the_second_reading(tiny_pair):
-    examples = repeat_examples(tiny_pair.target_runner(), list(range(3, 60)), rows=4, top_k_logprobs=8,
-                               max_length=512, seed=0)
+    examples = repeat_examples(InProcessLabels(tiny_pair.target_runner, "off"), list(range(3, 60)), rows=4,
+                               top_k_logprobs=8, max_length=512, seed=0)
     assert len(examples) == 4
     for example in examples:
         half = len(example.input_ids) // 2
@@ -46,9 +47,9 @@ def test_the_labels_are_the_targets_top_k_over_the_second_reading(tiny_pair):
 def test_the_train_stage_trains_on_them_drawn_from_the_tokens_the_draft_keeps(tiny_pair, tmp_path, monkeypatch):
     drawn = {}
 
-    def recorded(target, token_ids, rows, *args, **kwargs):
+    def recorded(labels, token_ids, rows, *args, **kwargs):
         drawn["token_ids"], drawn["rows"] = list(token_ids), rows
-        return repeat_examples(target, token_ids, rows, *args, **kwargs)
+        return repeat_examples(labels, token_ids, rows, *args, **kwargs)
 
     monkeypatch.setattr(train.stage, "repeat_examples", recorded)
     target_answers(stage_context(tiny_pair, tmp_path / "generate"), DOMAIN, GENERATE, DECODE, PROMPTS, create=True)

@@ -22,6 +22,7 @@ from distill.data import DomainPrompts, Prompt, load_domain_prompts, read_jsonl_
 from distill.generate import cache_key, generate_dataset, score_answers
 from distill.served_responses import SERVED, ServedResponse, parse_served, served_by, why_regenerated
 from distill.stage import target_answers, training_prompts
+from distill.target_labels import InProcessLabels
 from eval.harness import closed_loop
 from eval.harness.closed_loop import ClosedLoopCommand, LoopConfig, ServedLoop, request_line
 from eval.monitor.config import MonitorConfig
@@ -187,8 +188,8 @@ def test_matching_served_responses_are_scored_by_the_target_not_generated(tiny_p
         record, prompt_ids = by_id[prompt_id], tiny_pair.encode_chat([dict(a="alpha", b="beta")[prompt_id]], system)[0]
         assert record["input_ids"] == prompt_ids + responses[prompt_id][:6]
         assert record["prompt_length"] == len(prompt_ids) and record["stopped_by_eos"] is stopped
-        [alone] = score_answers(tiny_pair.target_runner(), [{"input_ids": record["input_ids"],
-                                                             "prompt_length": len(prompt_ids)}], 4)
+        [alone] = score_answers(InProcessLabels(tiny_pair.target_runner, "off"),
+                                [{"input_ids": record["input_ids"], "prompt_length": len(prompt_ids)}], 4)
         assert record["target_top_ids"] == alone["target_top_ids"].tolist()
         assert record["target_top_logprobs"] == [pytest.approx(row, abs=1e-5) for row in alone["target_top_logprobs"]]
     # the served responses determine the data: another response, another key; the same ones, the cache

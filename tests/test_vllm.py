@@ -21,7 +21,11 @@ from decode.pair import load_pair
 from decode.serving.process import ServerError, ServerProcess
 from decode.serving.vllm_server import (SpecDecodeCounts, VllmServer, VllmSpec, find_python, spec_decode_counts,
                                         vllm_draft_settings)
+from decode.sampling import SamplingParams
 from decode.tiny import tiny_llama, tiny_tokenizer
+from distill.answers_from_server import ServedAnswers
+from distill.config import GenerateConfig
+from distill.target_labels import InProcessLabels, ServerLabels, label_difference
 from eval.harness.closed_loop import ClosedLoopCommand, LoopConfig, run_loop
 from eval.harness.replay import ReplayPhase
 from eval.harness.serving_bench import ServingBenchConfig, run_bench
@@ -308,3 +312,31 @@ def test_vllm_serves_a_lookup_then_draft_proposer_with_the_targets_greedy_tokens
     assert [(reply.drafted, reply.accepted) for reply in replies] == [
         (rounds["drafted"], rounds["accepted"]) for rounds in replayed]
     assert sum(rounds["lookup"] for rounds in replayed) > 0 and sum(rounds["draft"] for rounds in replayed) > 0
+
+
+def test_every_label_from_vllm_is_the_targets_own_within_float_noise(tmp_path, models, vllm_python):
+    """generate.labels=server against vLLM's CPU build serving the tiny target in float32: the teacher-forced labels
+    (prompt_logprobs) and the answers' labels (logprobs) are what the target gives here, and greedy answers are its
+    greedy tokens."""
+    tokenizer, model = models["tokenizer"], models["model"]
+    target = ModelSpec(path=str(models["target"]), dtype="float32", device="cpu")
+    pair = load_pair(target, target)
+    ids = prompts(tokenizer)
+    starts = [len(prompt) // 2 for prompt in ids]
+    k = 16
+    with VllmServer(VllmSpec(str(models["target"]), enforce_eager=True, max_logprobs=k), tmp_path / "labels.log") \
+            as server:
+        settings = GenerateConfig(labels="server", server_url=server.url + "/v1", server_parallel=2)
+        served = ServedAnswers(settings, ModelSpec(path=str(models["target"])), pair.eos_token_ids,
+                               tmp_path / "unused.log", pair.vocab_size, "tiny")
+        found = ServerLabels(served)(ids, starts, k)
+        answers = served.answer(ids, SamplingParams(temperature=0.0), 12, seed=0, top_k_logprobs=k,
+                                show_progress=False)
+    here = InProcessLabels(pair.target_runner, "off")
+    difference = label_difference(found, here(ids, starts, k))
+    assert difference.top1_agreement == 1.0 and difference.overlap > 0.99 and difference.max_abs < 1e-4, difference
+    assert [answer["input_ids"][len(prompt):] for answer, prompt in zip(answers, ids)] == \
+        [greedy(model, prompt, 12)[: len(answer["input_ids"]) - len(prompt)] for answer, prompt in zip(answers, ids)]
+    scored = here([answer["input_ids"] for answer in answers], [len(prompt) for prompt in ids], k)
+    answered = [(answer["target_top_ids"], answer["target_top_logprobs"]) for answer in answers]
+    assert label_difference(answered, scored).max_abs < 1e-4

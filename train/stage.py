@@ -8,15 +8,16 @@ from decode.allocator import release_idle_memory
 from decode.config import DecodeConfig
 from decode.context import RunContext
 from decode.kinds.base import KindSettings
-from decode.models import content_fingerprint
+from decode.models import content_fingerprint, model_fingerprint
 from decode.stage_results import TrainResult
 from distill.config import DomainConfig, GenerateConfig
 from distill.conversations import chat_prompt_ids
 from distill.data import DomainPrompts, answer_token_count, at_one_width, examples_from_records
+from distill.answers_from_server import answering_server
 from distill.on_policy import OnPolicySampler
-from distill.generate import labelling_precision
 from distill.repeats import repeat_examples
 from distill.stage import LABELLED_TEXTS, target_answers
+from distill.target_labels import InProcessLabels, target_labels
 from distill.vocab import most_probable_tokens, target_mass
 from train.config import MethodConfig
 from train.recipe import DistillationRecipe
@@ -78,10 +79,10 @@ def _repeat_examples(ctx: RunContext, rows: int, method: MethodConfig, generate:
         return []
     special = set(_always_kept_tokens(ctx))
     token_ids = [token for token in (kept if kept is not None else range(ctx.pair.vocab_size)) if token not in special]
-    target = ctx.pair.target_runner()
-    examples = repeat_examples(target, token_ids, rows, top_k_logprobs, method.max_length, ctx.seed,
-                               labelling_precision(target, generate.autocast))
-    del target
+    with answering_server(generate, ctx.target_spec, ctx.pair.eos_token_ids, ctx.run_dir / "train_server.log",
+                          ctx.pair.vocab_size, model_fingerprint(ctx.target_spec)) as served:
+        examples = repeat_examples(target_labels(generate, ctx.pair.target_runner, served), token_ids, rows,
+                                   top_k_logprobs, method.max_length, ctx.seed)
     release_idle_memory()  # the target's runner and weights' pages, which training never reads
     return examples
 
@@ -98,7 +99,8 @@ def _on_policy_sampler(ctx: RunContext, method: MethodConfig, domain: DomainConf
     prompt_ids = chat_prompt_ids(ctx.pair.tokenizer, prompts.train[: generate.max_train_prompts],
                                  domain.system_prompt)
     target = ctx.pair.target_runner()
-    return OnPolicySampler(target, [ids for ids in prompt_ids if len(ids) < method.max_length],
+    return OnPolicySampler(InProcessLabels(lambda: target, generate.autocast),
+                           [ids for ids in prompt_ids if len(ids) < method.max_length],
                            ctx.pair.eos_token_ids, ctx.pair.vocab_size, decode.sampling(), generate.max_new_tokens,
                            generate.batch_size, top_k_logprobs, method.max_length, ctx.seed,
-                           method.on_policy_answers, labelling_precision(target, generate.autocast))
+                           method.on_policy_answers)

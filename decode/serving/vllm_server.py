@@ -63,6 +63,7 @@ class VllmSpec:
     # (prompt_lookup_min, prompt_lookup_max): vLLM's n-gram lookup drafts first, the draft model (a draft model's
     # directory; method is then not used) where it finds nothing, through vllm_lookup_proposer
     lookup: Optional[tuple[int, int]] = None
+    max_logprobs: Optional[int] = None  # --max-logprobs: the most log-probabilities a request may ask for (vLLM: 20)
 
     def speculative_config(self) -> Optional[dict]:
         if not self.draft:
@@ -83,6 +84,8 @@ class VllmSpec:
                 "--seed", str(self.seed), "--disable-uvicorn-access-log"]
         if self.enforce_eager:
             args.append("--enforce-eager")
+        if self.max_logprobs:
+            args += ["--max-logprobs", str(self.max_logprobs)]
         if self.draft:
             args += ["--speculative-config", json.dumps(self.speculative_config())]
         if self.additional_config():
