@@ -81,6 +81,7 @@ import numpy as np
 from decode.errors import ConfigError, SpecdraftError
 from decode.examples import top_k_arrays
 from decode.models import ModelSpec, cache_root, gguf_path
+from decode.redact import redact_text
 from decode.sampling import SamplingParams
 from decode.serving.llama_server import AS_DECODE_SAMPLES, LlamaServer, ServerSpec
 from distill.sharded_requests import Servers, ShardStore, Transient, run_sharded
@@ -133,7 +134,8 @@ def answer_source(settings) -> str:
                           "drop generate.answers=llama_server (or start llama-server yourself and give its URL)")
     if settings.answers != SERVER and settings.labels != SERVER:
         return settings.answers
-    return " ".join(filter(None, [SERVER, *server_roots(settings), settings.server_model]))
+    # without a URL's credentials: the source is logged, recorded and part of the cache key
+    return " ".join(filter(None, [SERVER, *map(redact_text, server_roots(settings)), settings.server_model]))
 
 
 def server_roots(settings) -> list[str]:

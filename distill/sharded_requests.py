@@ -106,11 +106,10 @@ class Servers:
 
     clients: Sequence
     parallel: int
-    in_flight: list[int] = field(default_factory=list)
-    served: list[int] = field(default_factory=list)  # requests each answered
 
     def __post_init__(self):
-        self.in_flight, self.served = [0] * len(self.clients), [0] * len(self.clients)
+        self.in_flight = [0] * len(self.clients)
+        self.served = [0] * len(self.clients)  # requests each answered
         self.lock = threading.Condition()
 
     def acquire(self, avoid: int | None = None) -> int:
