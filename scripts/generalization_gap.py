@@ -10,7 +10,8 @@ beside the cached four), and the validation answers (prompts of templates it nev
 and validation, the same figure split by the target's next token: a copy of the context (the two tokens before it
 occurred earlier, followed by it) or not, the target sure of it or not; how often the draft repeats a random
 sequence it has just read (an induction head's work); and the target's probability under the sampling on tokens
-outside the draft's kept vocabulary: mass no draft step can accept.
+outside the draft's kept vocabulary: mass no draft step can accept. A head over the target's states (an EAGLE-3
+head) is scored at its first draft step, on the target's states at its capture layers, computed here.
 
 A draft far better on its own prompts' answers than on validation is bound by its distinct prompts, not by
 its tokens or its loss; one that accepts the target's sure copies of the context far less than its sure other
@@ -31,6 +32,10 @@ from datasets import load_from_disk
 from transformers import AutoModelForCausalLM
 
 from decode.examples import Example, collate
+from decode.kinds.common.target_features import capture_hidden_states
+from decode.kinds.eagle3.head import is_eagle3_directory, load_head
+from decode.kinds.eagle3.objective import unrolled_draft_logits
+from decode.models import ModelSpec, load_model
 from decode.run_summary import SUMMARY_FILE, read_summary
 from decode.sampling import SamplingParams, probs_from_logits
 from distill.data import examples_from_records
@@ -121,6 +126,50 @@ def repeat_accuracy(model, token_ids: torch.Tensor, length: int = 50, rows: int 
     return (token_ids[logits.argmax(-1)] == repeated[:, length + 1:]).float().mean().item()
 
 
+class HeadAsModel:
+    """An EAGLE-3 head's first draft step, called like a causal LM: logits over the whole vocabulary (-inf outside
+    its draft vocabulary) at index P for the token after P. Its step at P - 1 reads the target's states at P - 1
+    and the token at P, what it reads when it drafts that token; index 0 has no step before it (uniform)."""
+
+    def __init__(self, head, target):
+        self.head, self.target = head, target
+        self.config = head.config
+
+    def __call__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None, use_cache: bool = False):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        lengths = attention_mask.sum(-1).tolist()
+        sequences = [row[:length].tolist() for row, length in zip(input_ids, lengths)]
+        flat, offsets = capture_hidden_states(self.target, sequences, self.head.config.capture_layers, len(sequences))
+        target_hidden = flat.new_zeros(*input_ids.shape, flat.shape[-1])
+        for row, length in enumerate(lengths):
+            target_hidden[row, :length] = flat[offsets[row]: offsets[row + 1]]
+        first_step = unrolled_draft_logits(self.head, self.target.get_input_embeddings().weight, input_ids,
+                                           target_hidden.float(), attention_mask, steps=1)[0]
+        logits = torch.zeros(*input_ids.shape, self.config.vocab_size)
+        logits[:, 1:] = self.head.full_vocab_logits(first_step[:, :-1].float())
+        return _Output(logits)
+
+
+class _Output:
+    def __init__(self, logits: torch.Tensor):
+        self.logits = logits
+
+
+def load_draft(draft_path: Path, config: dict):
+    """(the run's draft as a causal LM, its kept token ids or None)."""
+    if not is_eagle3_directory(draft_path):
+        draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=torch.float32).eval()
+        kept = getattr(draft.config, "draft_vocab", None)
+        return draft, torch.tensor(kept) if kept else None
+    target_config = config["pair"]["target"]
+    target = load_model(ModelSpec(path=target_config["path"], gguf_file=target_config.get("gguf_file"),
+                                  revision=target_config.get("revision"), dtype="float32", device="cpu")).eval()
+    head = load_head(draft_path, dtype=torch.float32, device="cpu").eval()
+    kept = head.draft_token_ids
+    return HeadAsModel(head, target), kept if len(kept) < head.config.vocab_size else None
+
+
 def mass_outside(examples: list[Example], kept_ids: torch.Tensor, vocab_size: int,
                  sampling: SamplingParams) -> float:
     """Mean over the examples' labelled tokens of the target's probability (its recorded top-k under
@@ -161,9 +210,7 @@ def main() -> None:
     draft_path = Path(summary.train.draft_path)
     if not draft_path.is_dir():  # recorded relative to where the run started
         draft_path = args.run_dir / "draft"
-    draft = AutoModelForCausalLM.from_pretrained(draft_path, dtype=torch.float32).eval()
-    kept = getattr(draft.config, "draft_vocab", None)
-    kept_ids = torch.tensor(kept) if kept else None
+    draft, kept_ids = load_draft(draft_path, config)
     max_length = config.get("method", {}).get("max_length", MethodConfig().max_length)
 
     def examples(directory, count=None) -> list[Example]:

@@ -352,12 +352,30 @@ def test_retraining_a_champion_starts_from_its_weights_and_keeps_its_vocabulary(
     assert not torch.equal(retrained.fc.weight, champion.fc.weight)
 
 
-def test_lora_on_policy_and_repeats_are_refused_for_a_head_before_any_work(pair, tmp_path):
+def test_lora_and_on_policy_are_refused_for_a_head_before_any_work(pair, tmp_path):
     ctx = stage_context(pair, tmp_path / "run")  # no answers for it: the refusal comes first
     with pytest.raises(ConfigError, match="method.lora is not supported for pair.draft.kind=eagle3"):
         run_train(ctx, settings(lora=LoraSettings()), Eagle3Settings(), DOMAIN, GENERATE, DECODE, PROMPTS)
     with pytest.raises(ConfigError, match="on_policy_answers is not supported"):
         run_train(ctx, settings(on_policy_answers=1), Eagle3Settings(), DOMAIN, GENERATE, DECODE, PROMPTS)
-    with pytest.raises(ConfigError, match="repeat_rows is not supported"):
-        run_train(ctx, settings(repeat_rows=4), Eagle3Settings(), DOMAIN, GENERATE, DECODE, PROMPTS)
     assert not ctx.draft_dir.exists()
+
+
+def test_a_head_asked_for_random_sequences_reads_the_targets_states_over_them_cached_apart(pair, answered, tmp_path,
+                                                                                           monkeypatch):
+    computed = []
+    real_capture = decode.kinds.common.target_features.capture_hidden_states
+    monkeypatch.setattr(decode.kinds.common.target_features, "capture_hidden_states",
+                        lambda target, sequences, *args: computed.append(len(sequences)) or
+                        real_capture(target, sequences, *args))
+    without = run_train(stage_context(pair, tmp_path / "without"), settings(max_steps=1, prune_vocab=64),
+                        Eagle3Settings(), DOMAIN, GENERATE, DECODE, PROMPTS)
+    computed.clear()
+    with_repeats = run_train(stage_context(pair, tmp_path / "with"),
+                             settings(max_steps=1, prune_vocab=64, repeat_rows=3), Eagle3Settings(), DOMAIN, GENERATE,
+                             DECODE, PROMPTS)
+    assert without.repeat_tokens == 0 and with_repeats.repeat_tokens > 0
+    assert with_repeats.examples == without.examples + 3
+    # the answers' states come from the cache; only the 3 sequences are read by the target
+    assert computed == [3]
+    assert with_repeats.feature_tokens > without.feature_tokens

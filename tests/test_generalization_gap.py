@@ -103,3 +103,31 @@ def test_repeat_accuracy_is_one_for_a_model_that_copies_and_near_zero_for_one_th
     # short rows, so that a token seldom occurs twice in one (the Repeater would then follow its later occurrence)
     assert repeat_accuracy(Repeater(), token_ids, length=2, rows=64) > 0.95
     assert repeat_accuracy(tiny_llama(VOCAB, init_std=0.3), token_ids, length=8, rows=8) < 0.5
+
+
+def test_an_eagle3_head_is_scored_at_its_first_step_causally_and_alike_in_a_padded_batch():
+    from decode.kinds.eagle3.head import new_head
+    from scripts.generalization_gap import HeadAsModel
+
+    target = tiny_llama(VOCAB, num_layers=4, hidden_size=32, seed=10, init_std=0.15)
+    draft_ids = list(range(0, VOCAB, 2))
+    head = new_head(target, draft_ids, capture_layers=[0, 1, 3], seed=1).eval()
+    scorer = HeadAsModel(head, target.eval())
+    generator = torch.Generator().manual_seed(3)
+    long_row = torch.randint(VOCAB, (1, 10), generator=generator)
+    short_row = torch.randint(VOCAB, (1, 6), generator=generator)
+    with torch.no_grad():
+        alone_long, alone_short = scorer(long_row).logits[0], scorer(short_row).logits[0]
+        padded = torch.zeros(2, 10, dtype=torch.long)
+        padded[0], padded[1, :6] = long_row[0], short_row[0]
+        mask = torch.zeros(2, 10, dtype=torch.long)
+        mask[0], mask[1, :6] = 1, 1
+        batched = scorer(padded, attention_mask=mask).logits
+        changed_tail = long_row.clone()
+        changed_tail[0, 7:] = (changed_tail[0, 7:] + 1) % VOCAB
+        changed = scorer(changed_tail).logits[0]
+    assert torch.allclose(batched[0], alone_long, atol=1e-5) and torch.allclose(batched[1, :6], alone_short, atol=1e-5)
+    # index P scores the token after P from the tokens up to P: later tokens change nothing before index 7
+    assert torch.allclose(changed[:7], alone_long[:7], atol=1e-6) and not torch.allclose(changed[7], alone_long[7])
+    # its own tokens alone: the others may never be drafted
+    assert torch.isinf(alone_long[1:, 1::2]).all() and torch.isfinite(alone_long[1:, 0::2]).all()

@@ -69,8 +69,9 @@ def test_the_train_stage_trains_on_them_drawn_from_the_tokens_the_draft_keeps(ti
     assert set(drawn["token_ids"]) == kept - special
 
 
-def test_left_out_a_draft_model_trains_on_the_default_count_and_a_head_over_the_targets_states_on_none():
+def test_left_out_a_draft_model_trains_on_the_default_count_and_a_head_over_the_targets_states_on_none_unless_asked():
     assert kind_named("causal_lm").repeat_rows(MethodConfig()) == REPEAT_ROWS > 0
     assert kind_named("causal_lm").repeat_rows(MethodConfig(repeat_rows=7)) == 7
     for head in ("eagle3", "dflash"):
         assert kind_named(head).repeat_rows(MethodConfig()) == 0
+        assert kind_named(head).repeat_rows(MethodConfig(repeat_rows=7)) == 7

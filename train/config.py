@@ -67,7 +67,8 @@ class MethodConfig:
     on_policy_from_epoch: int = 1
     # random sequences of 16 to 80 tokens read twice, labelled by the target over the second reading and trained on
     # beside its answers: a derived draft learns to copy its context from them (distill/repeats.py; 0: none; None:
-    # 400 for a draft model, which adds a quarter to the default's steps, none for a head over the target's states).
+    # 400 for a draft model, which adds a quarter to the default's steps, none for a head over the target's states,
+    # which then also reads the target's states over them).
     # With them the default draft repeats such a sequence 0.77 of the time (0.00 without) and accepts more of the
     # validation answers (BENCHMARKS.md)
     repeat_rows: Optional[int] = None

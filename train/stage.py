@@ -44,9 +44,12 @@ def run_train(ctx: RunContext, method: MethodConfig, settings: KindSettings, dom
     repeats = _repeat_examples(ctx, kind.repeat_rows(method), method, generate, kept, recorded_k)
     draft = kind.starting_draft(ctx.pair, method, settings, kept, ctx.seed)
     draft_vocab_size = kind.draft_vocab_size(draft, ctx.pair.vocab_size)
-    (train_inputs, validation_inputs), inputs_record = kind.training_inputs(
-        ctx, draft, [(train_examples + repeats, generated.train_data), (validation_examples, generated.validation_data)],
-        generate.batch_size)
+    # the random sequences apart from the answers: what a head reads beside them is cached by each list's tokens
+    splits = [(train_examples, generated.train_data), (validation_examples, generated.validation_data)]
+    if repeats:
+        splits.append((repeats, generated.train_data))
+    inputs, inputs_record = kind.training_inputs(ctx, draft, splits, generate.batch_size)
+    train_inputs, validation_inputs = inputs[0] + (inputs[2] if repeats else []), inputs[1]
     on_policy = _on_policy_sampler(ctx, method, domain, generate, decode, prompts, recorded_k) \
         if method.on_policy_answers else None
     objective = kind.objective(draft, ctx.pair, method, settings, ctx.accelerator.device)

@@ -145,12 +145,11 @@ class HiddenStateHeadKind(DraftKind[SettingsT]):
         if method.on_policy_answers:
             raise ConfigError(f"method.on_policy_answers is not supported for pair.draft.kind={self.name}; set it "
                               f"to 0")
-        if method.repeat_rows:
-            raise ConfigError(f"method.repeat_rows is not supported for pair.draft.kind={self.name}: the head reads "
-                              f"the target's states, which are cached per answers dataset; leave it out")
 
     def repeat_rows(self, method: MethodConfig) -> int:
-        return 0
+        """None unless method.repeat_rows asks: the head then also reads the target's states over them, a forward
+        of the target per token."""
+        return method.repeat_rows or 0
 
     def training_inputs(self, ctx: RunContext, draft: nn.Module, splits: list[tuple[list[Example], str]],
                         batch_size: int):
