@@ -191,6 +191,9 @@ class ServedAnswers:
         self.slot_tokens = 0  # the context of each slot of the started llama-server
         self.warned_narrow = False
         self.stores: list[ShardStore] = []  # the shards written, removed once the work they hold is kept
+        # each server's API, probed the first time it is asked for: a server down when a later phase starts is
+        # then a failed request, retried on the others, not the end of the job
+        self.apis: dict[str, str] = {}
 
     def answer(self, prompt_ids: list[list[int]], sampling: SamplingParams, max_new_tokens: int, seed: int,
                top_k_logprobs: int, description: str = "generate", show_progress: bool = True) -> list[dict]:
@@ -266,8 +269,11 @@ class ServedAnswers:
                 self._start_llama_server(slot_tokens + SLOT_MARGIN)
             clients = [AnswerClient(self.server.url, NATIVE_API, None, self.eos_token_ids, self.vocab_size)]
         else:
-            clients = [AnswerClient(root, server_api(root), self.settings.server_model, self.eos_token_ids,
-                                    self.vocab_size) for root in server_roots(self.settings)]
+            for root in server_roots(self.settings):
+                if root not in self.apis:
+                    self.apis[root] = server_api(root)
+            clients = [AnswerClient(root, api, self.settings.server_model, self.eos_token_ids, self.vocab_size)
+                       for root, api in self.apis.items()]
         return Servers(clients, self.settings.server_parallel)
 
     def _start_llama_server(self, slot_tokens: int) -> None:

@@ -92,6 +92,20 @@ def test_a_busy_server_is_retried_and_a_refusal_stops_the_job(tiny_pair, tmp_pat
         assert len(engine.requests) <= len(ids)  # each asked once: stopped, not retried
 
 
+def test_a_server_gone_when_a_later_phase_starts_leaves_its_work_to_the_others(tiny_pair, tmp_path, monkeypatch):
+    monkeypatch.setattr(sharded_requests, "BACKOFF_S", 0.01)
+    ids, starts = sequences(tiny_pair, 6)
+    expected = InProcessLabels(tiny_pair.target_runner, "off")(ids[3:], starts[3:], K)
+    with fake_engine(tiny_pair.target) as staying:
+        with fake_engine(tiny_pair.target) as leaving:
+            labels = server_labels(tiny_pair, [leaving.url, staying.url], tmp_path, server_retries=2)
+            labels(ids[:3], starts[:3], K)
+            asked_before = len(staying.requests)
+        found = labels(ids[3:], starts[3:], K)  # the first server is down now
+    assert_same_labels(found, expected)
+    assert len(staying.requests) - asked_before == 3
+
+
 def test_sglang_labels_and_answers_through_its_native_generate_are_the_targets(tiny_pair, tmp_path):
     """SGLang (as read from its source) labels a sequence from logprob_start_len = start - 1, its first entry None;
     its answers are sampled, then labelled the same way (a sampled answer's own log-probabilities are after
