@@ -36,6 +36,11 @@ FSDP_CONFIG = ROOT / "conf" / "accelerate" / "fsdp.yaml"
 pytestmark = pytest.mark.slow
 
 TOLERANCE = dict(rtol=1e-5, atol=2e-6)
+# The weights after the last of 6 steps: Adam divides each gradient by its own running size, so where a gradient is
+# near zero the float rounding of a reduction over two processes moves the update by far more than the gradient's
+# own difference (measured up to 3.4e-6 on a Zen 4 VM, in 2 of 8,192 elements). A step missed, doubled or taken on
+# a wrong shard moves the weights by about the learning rate, 2e-3.
+TRAINED_TOLERANCE = dict(rtol=1e-5, atol=2e-5)
 SETTINGS = ["+domain=code", "+debug=tiny", "stages=[generate,train]", "method.max_steps=6", "method.checkpoint_every=2",
             "method.keep_checkpoints=3", "method.eval_every=100",
             "method.autocast=off"]  # checkpoints at steps 2, 4 and 6, all kept; validation at 0 and 6
@@ -103,15 +108,15 @@ def assert_sharded_over_two(output: str) -> None:
     assert held + other[2] == total and max(held, other[2]) < 0.6 * total
 
 
-def assert_same_tensors(got: dict, expected: dict, what: str) -> None:
+def assert_same_tensors(got: dict, expected: dict, what: str, tolerance: dict = TOLERANCE) -> None:
     assert got.keys() == expected.keys(), what
     for name in expected:
-        torch.testing.assert_close(got[name], expected[name], **TOLERANCE, msg=lambda m: f"{what} {name}: {m}")
+        torch.testing.assert_close(got[name], expected[name], **tolerance, msg=lambda m: f"{what} {name}: {m}")
 
 
 def assert_same_draft(run_dir: Path, reference: Path) -> None:
     assert_same_tensors(load_file(str(run_dir / "draft" / "model.safetensors")),
-                        load_file(str(reference / "draft" / "model.safetensors")), "draft")
+                        load_file(str(reference / "draft" / "model.safetensors")), "draft", TRAINED_TOLERANCE)
 
 
 def assert_same_checkpoint(run_dir: Path, reference: Path, step: int) -> None:
