@@ -269,12 +269,14 @@ class ServedAnswers:
                 self._start_llama_server(slot_tokens + SLOT_MARGIN)
             clients = [AnswerClient(self.server.url, NATIVE_API, None, self.eos_token_ids, self.vocab_size)]
         else:
-            for root in server_roots(self.settings):
-                if root not in self.apis:
-                    self.apis[root] = server_api(root)
-            clients = [AnswerClient(root, api, self.settings.server_model, self.eos_token_ids, self.vocab_size)
-                       for root, api in self.apis.items()]
+            clients = [AnswerClient(root, self._api(root), self.settings.server_model, self.eos_token_ids,
+                                    self.vocab_size) for root in server_roots(self.settings)]
         return Servers(clients, self.settings.server_parallel)
+
+    def _api(self, root: str) -> str:
+        if root not in self.apis:
+            self.apis[root] = server_api(root)
+        return self.apis[root]
 
     def _start_llama_server(self, slot_tokens: int) -> None:
         """(Re)starts llama-server with slots of slot_tokens: a later split with longer prompts gets a bigger one."""

@@ -25,6 +25,7 @@ from __future__ import annotations
 import argparse
 import math
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 import yaml
@@ -148,12 +149,7 @@ class HeadAsModel:
                                            target_hidden.float(), attention_mask, steps=1)[0]
         logits = torch.zeros(*input_ids.shape, self.config.vocab_size)
         logits[:, 1:] = self.head.full_vocab_logits(first_step[:, :-1].float())
-        return _Output(logits)
-
-
-class _Output:
-    def __init__(self, logits: torch.Tensor):
-        self.logits = logits
+        return SimpleNamespace(logits=logits)
 
 
 def load_draft(draft_path: Path, config: dict):

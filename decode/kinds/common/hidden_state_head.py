@@ -147,8 +147,8 @@ class HiddenStateHeadKind(DraftKind[SettingsT]):
                               f"to 0")
 
     def repeat_rows(self, method: MethodConfig) -> int:
-        """None unless method.repeat_rows asks: the head then also reads the target's states over them, a forward
-        of the target per token."""
+        """No random sequences unless method.repeat_rows asks for them: the head then also reads the target's states
+        over them, a forward of the target per token."""
         return method.repeat_rows or 0
 
     def training_inputs(self, ctx: RunContext, draft: nn.Module, splits: list[tuple[list[Example], str]],
