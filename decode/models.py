@@ -57,6 +57,9 @@ class ModelSpec:
     # capture_layers and ttt_steps, a parallel draft's mask_token and parallel_tokens, ...), e.g.
     # +pair.draft.settings.capture_layers=[2,15,27]; checked against its kind's when the draft loads
     settings: Dict[str, Any] = field(default_factory=dict)
+    # draft only, on a CPU: its weights while it decodes. auto: int8 where its step measured faster here (the target
+    # keeps its own; speculative sampling stays exact) | int8 | float (decode/int8_draft.py)
+    decode_weights: str = "auto"
     revision: str | None = None
     trust_remote_code: bool = False
 

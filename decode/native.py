@@ -17,6 +17,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import rotate_half
 
 from decode.cache import KVCache
+from decode.int8_draft import CONTEXT, STEP_TOKENS, int8_linear, pack_int8
 from decode.matmul_route import (SMALL_MODEL_ELEMENTS, STEP_PAD_CONTEXTS, STEP_PAD_REPEATS, StepPadding,
                                   measure_step_padding, skinny_route)
 from decode.runner import CausalLMRunner, kept_token_ids, positions_for, select_positions
@@ -175,16 +176,60 @@ class NativeLlamaRunner(CausalLMRunner):
         # layers whose input states a forward keeps in `captured` [B, T, len x H] (an EAGLE-3 head reads them)
         self.capture_layers: tuple[int, ...] = ()
         self.captured: torch.Tensor | None = None
-        weights = [self.head] + projection_weights(self.layers)
-        self.skinny_route = skinny_route(weights)
+        self._weights = [self.head] + projection_weights(self.layers)
+        # a draft's weights packed in int8 (decode/int8_draft.py), by id: None while it runs on its own weights
+        self.int8_weights: dict[int, object] | None = None
+        self.skinny_route = skinny_route(self._weights)
         # whether a 1-token forward (an AR step, a draft step) runs padded with a dummy token: measured after the
         # matmul route, on the whole forward
-        self.step_padding = decided_step_padding(self, weights)
+        self.step_padding = decided_step_padding(self, self._weights)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        """F.linear, through the kernel this machine measured fastest for x's row count and this weight's shape."""
+        """F.linear, through the kernel this machine measured fastest for x's row count and this weight's shape (or
+        the int8 draft's)."""
+        if self.int8_weights is not None:
+            return int8_linear(x, self.int8_weights[id(weight)], bias)
         return self.skinny_route.kernel(x.numel() // x.shape[-1], weight.shape)(
             x, in_autocast_dtype(weight, self.device, self._cast_weights), bias)
+
+    def weight_elements(self) -> int:
+        return sum(weight.numel() for weight in self._weights)
+
+    def weight_shapes(self) -> tuple:
+        return tuple(tuple(weight.shape) for weight in self._weights)
+
+    def use_int8_weights(self, int8: bool) -> None:
+        """A draft's linear weights packed in int8 from now on (False: its own again). The packs are made from the
+        weights as they are now: a runner is made per decoder, after training. A 1-token step's padding is measured
+        again for the kernels it now runs."""
+        if not int8:
+            self.int8_weights = None
+            return
+        if self.int8_weights is None:
+            self.int8_weights = {id(weight): pack_int8(weight) for weight in self._weights}
+            if self.step_padding.contexts:  # measured for the float kernels
+                self.step_padding = self.time_step_padding()
+
+    def time_int8_weights(self, measure):
+        """measure(step) with step(int8) one draft step of STEP_TOKENS tokens after CONTEXT cached ones (zeros: only
+        the time counts) on a cache of its own; the runner is left on its float weights."""
+        saved = self.cache
+        self.use_int8_weights(True)
+        packed, self.int8_weights = self.int8_weights, None
+        self.reset(1, CONTEXT + STEP_TOKENS + 1)
+        tokens = torch.zeros(1, STEP_TOKENS, dtype=torch.long, device=self.device)
+        start = torch.tensor([CONTEXT], device=self.device)
+        last = torch.tensor([[STEP_TOKENS - 1]], device=self.device)
+
+        def step(int8: bool) -> None:
+            self.int8_weights = packed if int8 else None
+            self._forward(tokens, start, CONTEXT + STEP_TOKENS, last)
+
+        try:
+            with torch.inference_mode():
+                return measure(step)
+        finally:
+            self.cache, self.captured, self.int8_weights = saved, None, None
 
     def reset(self, batch_size: int, max_len: int) -> None:
         if max_len > self._rope_len:

@@ -7,9 +7,11 @@ from dataclasses import dataclass, replace
 import torch
 
 from decode.errors import PairError
+from decode.int8_draft import DRAFT_WEIGHTS, choose_draft_weights
 from decode.kinds.base import DraftKind
 from decode.kinds.registry import kind_for, kind_of, kind_settings
 from decode.models import ModelSpec, eos_token_ids, load_model, load_tokenizer, make_runner
+from decode.native import NativeLlamaRunner
 from decode.speculative import SpeculativeDecoder
 
 
@@ -21,6 +23,7 @@ class ModelPair:
     target_backend: str = "auto"
     draft_backend: str = "auto"
     draft_path: str | None = None  # where the draft was loaded from; None for a derived, fresh or untrained one
+    draft_weights: str = "auto"  # the draft's weights while it decodes: auto | int8 | float (decode/int8_draft.py)
 
     @property
     def vocab_size(self) -> int:
@@ -39,7 +42,13 @@ class ModelPair:
 
     def draft_runner(self, draft: torch.nn.Module | None = None):
         draft = self.draft if draft is None else draft
-        return kind_of(draft).runner(draft, self.target, self.vocab_size, self.draft_backend)
+        runner = kind_of(draft).runner(draft, self.target, self.vocab_size, self.draft_backend)
+        if isinstance(runner, NativeLlamaRunner):
+            choose_draft_weights(runner, self.draft_weights)
+        elif self.draft_weights == "int8":
+            raise PairError(f"pair.draft.decode_weights=int8: this draft runs through {type(runner).__name__}, which "
+                            f"has no int8 path; use auto or float")
+        return runner
 
     def decoder(self, draft: torch.nn.Module | None = None) -> SpeculativeDecoder:
         """A decoder over the pair (or over the target and another draft of the same tokenizer)."""
@@ -95,8 +104,11 @@ def load_draft(target, target_tokenizer, spec: ModelSpec) -> tuple[torch.nn.Modu
 
 
 def load_pair(target_spec: ModelSpec, draft_spec: ModelSpec, check_chat_template: bool = True) -> ModelPair:
+    if draft_spec.decode_weights not in DRAFT_WEIGHTS:
+        raise PairError(f"pair.draft.decode_weights must be one of {DRAFT_WEIGHTS}, got {draft_spec.decode_weights!r}")
     tokenizer = load_tokenizer(target_spec)
     target = load_model(target_spec)
     draft, draft_tokenizer = load_draft(target, tokenizer, draft_spec)
     check_pair(target, draft, tokenizer, draft_tokenizer, check_chat_template)
-    return ModelPair(target, draft, tokenizer, target_spec.backend, draft_spec.backend, draft_spec.path)
+    return ModelPair(target, draft, tokenizer, target_spec.backend, draft_spec.backend, draft_spec.path,
+                     draft_spec.decode_weights)

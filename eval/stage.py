@@ -35,10 +35,12 @@ from eval.config import EvalConfig
 from eval.llama_cpp_mixed import Answers, mixed_figures
 
 
-def eval_key(prompt_ids: list[list[int]], decode: DecodeConfig, settings: EvalConfig, seed: int) -> dict:
+def eval_key(prompt_ids: list[list[int]], decode: DecodeConfig, settings: EvalConfig, seed: int,
+             draft_weights: str) -> dict:
     """Everything an eval's figures depend on besides the models: the prompts' tokens and the settings."""
     prompts_digest = hashlib.sha256(json.dumps(prompt_ids).encode()).hexdigest()[:16]
-    return {"prompts": prompts_digest, "decode": asdict(decode), "eval": asdict(settings), "seed": seed}
+    return {"prompts": prompts_digest, "decode": asdict(decode), "eval": asdict(settings), "seed": seed,
+            "draft_weights": draft_weights}
 
 
 def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldout_prompt_ids: list[list[int]],
@@ -61,7 +63,7 @@ def run_eval(ctx: RunContext, settings: EvalConfig, decode: DecodeConfig, heldou
                        max(decode.min_gamma, min(decode.max_gamma, most)), seed=ctx.seed)
 
     # the untrained draft only changes with the prompts and settings: measured once per run directory
-    key = eval_key(prompt_ids, decode, settings, ctx.seed)
+    key = eval_key(prompt_ids, decode, settings, ctx.seed, ctx.pair.draft_weights)
     before_file = ctx.run_dir / "eval_before.json"
     saved = json.loads(before_file.read_text()) if before_file.is_file() else {}
     if saved.get("key") == key:

@@ -53,7 +53,8 @@ def measured(monkeypatch):
     return calls
 
 
-def test_the_untrained_draft_is_measured_again_when_the_prompts_change(ctx, pair, measured):
+def test_the_untrained_draft_is_measured_again_when_the_prompts_or_draft_weights_change(ctx, pair, measured,
+                                                                                          monkeypatch):
     untrained = lambda: [ids for description, ids in measured if "untrained" in description]  # noqa: E731
     first_prompts = pair.encode_chat(["first prompt", "second prompt"])
     run_eval(ctx, SETTINGS, DECODE, first_prompts, "draft")
@@ -63,7 +64,10 @@ def test_the_untrained_draft_is_measured_again_when_the_prompts_change(ctx, pair
     run_eval(ctx, SETTINGS, DECODE, other_prompts, "draft")
     assert untrained() == [first_prompts, other_prompts]
     before = json.loads((ctx.run_dir / "eval_before.json").read_text())
-    assert before["key"] == eval.stage.eval_key(other_prompts, DECODE, SETTINGS, ctx.seed)
+    assert before["key"] == eval.stage.eval_key(other_prompts, DECODE, SETTINGS, ctx.seed, "auto")
+    monkeypatch.setattr(ctx.pair, "draft_weights", "int8")  # the draft decodes on other weights: other figures
+    run_eval(ctx, SETTINGS, DECODE, other_prompts, "draft")
+    assert untrained() == [first_prompts, other_prompts, other_prompts]
 
 
 def test_speed_is_measured_at_the_gamma_the_step_costs_and_acceptance_recommend(ctx, pair, monkeypatch):

@@ -144,6 +144,7 @@ def run_directory(config: TrainConfig) -> Path:
     settings = as_dict(config)
     shaping = {key: settings[key] for key in SHAPING_THE_DRAFT}
     shaping["generate"].pop("server_parallel")  # requests in flight do not change the answers
+    shaping["pair"]["draft"].pop("decode_weights")  # how the trained draft decodes, not what it is
     # the answers are sampled as decode says unless generate sets its own: that sampling shapes the draft
     shaping["answers_sampling"] = vars(config.generate.sampling(config.decode))
     digest = hashlib.sha256(json.dumps(shaping, sort_keys=True).encode()).hexdigest()[:8]

@@ -1,0 +1,161 @@
+"""A draft decoding on int8 weights (decode/int8_draft.py): close to its float self, chosen by a measured step,
+refused where it cannot run, and exact: the target's distribution and greedy output are what they were."""
+
+import copy
+import itertools
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from decode.errors import PairError
+from decode.int8_draft import Int8Decision, choose_draft_weights, int8_linear, measure_int8, pack_int8
+from decode.models import ModelSpec
+from decode.native import NativeLlamaRunner
+from decode.pair import load_pair
+from decode.sampling import SamplingParams
+from decode.speculative import GammaPolicy, SpeculativeDecoder
+from decode.tiny import tiny_llama
+from tests.test_speculative_exactness import (SETTINGS, VOCAB, decoder_p_value, models, speculative_p_value,  # noqa: F401
+                                              wrong_rule)
+
+
+def test_an_int8_linear_is_the_float_product_within_its_rounding():
+    generator = torch.Generator().manual_seed(0)
+    weight = torch.randn(96, 64, generator=generator) * 0.05
+    weight[3] = 0.0  # a row of zeros keeps a scale and stays zero
+    x = torch.randn(2, 5, 64, generator=generator)
+    exact, quantized = F.linear(x, weight), int8_linear(x, pack_int8(weight), None)
+    assert quantized.shape == exact.shape
+    assert torch.all(quantized[..., 3] == 0)
+    # per-channel int8 weights and bfloat16 inputs: well under 1% of the output's scale
+    assert (quantized - exact).abs().max() < 0.01 * exact.abs().max()
+    bias = torch.randn(96, generator=generator)
+    assert torch.allclose(int8_linear(x, pack_int8(weight), bias), quantized + bias)
+
+
+def fake_clock(seconds_by_int8):
+    """A clock under which step(int8) takes seconds_by_int8[int8]."""
+    now = itertools.count()
+    state = {"t": 0.0}
+
+    def step(int8):
+        state["t"] += seconds_by_int8[int8]
+
+    def clock():
+        next(now)
+        return state["t"]
+    return step, clock
+
+
+@pytest.mark.parametrize("float_s, int8_s, chosen", [(0.005, 0.003, True), (0.005, 0.0047, False),
+                                                     (0.003, 0.005, False)])
+def test_int8_is_kept_only_where_the_timed_step_is_more_than_the_margin_faster(float_s, int8_s, chosen):
+    step, clock = fake_clock({False: float_s, True: int8_s})
+    decision = measure_int8(step, pairs=5, clock=clock)
+    assert decision.int8 is chosen
+    assert decision.float_ms == pytest.approx(float_s * 1e3) and decision.int8_ms == pytest.approx(int8_s * 1e3)
+    assert ("int8 (a 2-token" if chosen else "float (a 2-token") in decision.describe()
+
+
+def test_the_runner_runs_the_int8_weights_it_packed_and_goes_back():
+    draft = tiny_llama(64, num_layers=2, hidden_size=32, seed=3, init_std=0.1)
+    runner = NativeLlamaRunner(draft, 64)
+    tokens, start = torch.tensor([[5, 9, 11, 2]]), torch.zeros(1, dtype=torch.long)
+
+    def logits():
+        runner.reset(1, 8)
+        return runner.forward(tokens, start, 4)
+
+    float_logits = logits()
+    runner.use_int8_weights(True)
+    int8_logits = logits()
+    assert not torch.equal(int8_logits, float_logits)
+    assert torch.allclose(int8_logits, float_logits, atol=0.05 * float_logits.abs().max().item())
+    runner.use_int8_weights(False)
+    assert torch.equal(logits(), float_logits)
+
+
+def test_the_timed_int8_step_leaves_the_runner_as_it_was():
+    draft = tiny_llama(64, num_layers=2, hidden_size=32, seed=3, init_std=0.1)
+    runner = NativeLlamaRunner(draft, 64)
+    runner.reset(2, 16)
+    cache = runner.cache
+    ran = []
+    decision = runner.time_int8_weights(lambda step: ran.extend([step(True), step(False)]) or Int8Decision(True))
+    assert decision.int8 and len(ran) == 2
+    assert runner.cache is cache and runner.int8_weights is None
+
+
+def test_settings_choose_refuse_and_skip_what_cannot_pay():
+    draft = tiny_llama(64, num_layers=2, hidden_size=32, seed=3, init_std=0.1)
+    runner = NativeLlamaRunner(draft, 64)
+    assert not choose_draft_weights(runner, "auto").int8  # far too small to measure: its own weights
+    assert runner.int8_weights is None
+    assert not choose_draft_weights(runner, "float").int8 and runner.int8_weights is None
+    assert choose_draft_weights(runner, "int8").int8 and runner.int8_weights is not None
+    with pytest.raises(PairError, match="decode_weights must be one of"):
+        choose_draft_weights(runner, "fp8")
+    with pytest.raises(PairError, match=r"decode_weights must be one of .* got 'q4'"):
+        load_pair(ModelSpec(path="tiny-random"), ModelSpec(derive_layers=1, decode_weights="q4"))
+
+
+def test_a_pair_asked_for_int8_drafts_on_int8_weights():
+    pair = load_pair(ModelSpec(path="tiny-random"), ModelSpec(derive_layers=1, decode_weights="int8"))
+    assert pair.draft_runner().int8_weights is not None
+    assert pair.decoder().draft.int8_weights is not None
+    assert pair.target_runner().int8_weights is None  # the target decodes on its own weights
+
+
+def int8_decoder(target, draft):
+    draft_runner = NativeLlamaRunner(draft, VOCAB)
+    draft_runner.use_int8_weights(True)
+    return SpeculativeDecoder(NativeLlamaRunner(target, VOCAB), draft_runner, eos_token_ids=[])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["temperature 1", "temperature 0.7 top-p 0.9"])
+def test_speculative_samples_with_an_int8_draft_follow_the_target_distribution(models, name):
+    target, draft = models
+    p_value, metrics = decoder_p_value(int8_decoder(target, draft), target, SETTINGS[name], GammaPolicy(gamma=2))
+    assert 0.3 < metrics.alpha < 0.9, "the test needs both acceptances and rejections"
+    assert p_value > 1e-3
+
+
+@pytest.mark.slow
+def test_with_an_int8_draft_a_wrong_acceptance_rule_still_fails(models, monkeypatch):
+    import decode.speculative as speculative
+    monkeypatch.setattr(speculative, "acceptance_mask", wrong_rule)
+    target, draft = models
+    p_value, _ = decoder_p_value(int8_decoder(target, draft), target, SETTINGS["temperature 1"],
+                                 GammaPolicy(gamma=2))
+    assert p_value < 1e-3
+
+
+def test_greedy_decoding_with_an_int8_draft_is_the_targets_own_greedy_output():
+    target = tiny_llama(256, num_layers=4, hidden_size=64, seed=21, init_std=0.08)
+    draft = copy.deepcopy(target)
+    draft.model.layers = draft.model.layers[:1]
+    draft.config.num_hidden_layers = 1
+    prompts = [[1, 7, 30, 44], [9, 3], [100, 101, 102, 5, 6, 7]]
+    greedy = SamplingParams(temperature=0.0)
+    decoder = SpeculativeDecoder(NativeLlamaRunner(target, 256), NativeLlamaRunner(draft, 256), eos_token_ids=[])
+    decoder.draft.use_int8_weights(True)
+    alone = decoder.generate(prompts, 24, greedy).tokens
+    for gamma in (1, 3):
+        result = decoder.generate(prompts, 24, greedy, GammaPolicy(gamma=gamma))
+        assert result.tokens == alone
+        assert 0 < result.metrics.accepted < result.metrics.drafted
+
+
+def test_how_the_draft_decodes_keeps_its_run_directory():
+    import test_names_and_errors
+    from train.pipeline import run_directory
+
+    def composed(overrides):
+        return test_names_and_errors.composed(["+domain=code", *overrides])
+
+    base = run_directory(composed([]))
+    assert run_directory(composed(["pair.draft.decode_weights=float"])) == base  # nothing to retrain
+    assert run_directory(composed(["pair.draft.derive_layers=2"])) != base
+    assert composed(["pair.draft.decode_weights=int8"]).pair.draft.decode_weights == "int8"
