@@ -241,12 +241,15 @@ class StepCostFigures:
     c_spread: Optional[list[float]] = None
     v_spread: Optional[dict[int, list[float]]] = None
     parallel: bool = False  # c is the forward of a whole round (a parallel draft)
+    int8_draft: bool = False  # the draft decoded on int8 weights (decode/int8_draft.py)
 
     def to_json(self) -> dict:
         data = {"context": self.context, "target_step_ms": self.target_step_ms, "draft_step_ms": self.draft_step_ms,
                 "c": self.c, "v": _by_gamma_json(self.v)}
         if self.parallel:
             data["parallel"] = True
+        if self.int8_draft:
+            data["int8_draft"] = True
         if self.c_spread is not None:
             data.update(repeats=self.repeats, target_step_ms_spread=self.target_step_ms_spread,
                         c_spread=self.c_spread, v_spread=_by_gamma_json(self.v_spread))

@@ -45,6 +45,7 @@ class StepCosts:
     spread: dict[object, tuple[float, float]] = field(default_factory=dict)
     repeats: int = 0  # timed repetitions behind the figures (0: not measured here)
     parallel: bool = False  # the draft step proposes a whole round (decode/drafting.py Drafter.parallel)
+    int8_draft: bool = False  # the draft decoded on int8 weights (decode/int8_draft.py)
 
     @property
     def c(self) -> float:
@@ -60,7 +61,8 @@ class StepCosts:
         """The record the eval, the export and the reports keep: milliseconds, and ratios to the AR step."""
         figures = StepCostFigures(context=self.context, target_step_ms=1000 * self.target_step_s,
                                   draft_step_ms=1000 * self.draft_step_s, c=self.c,
-                                  v={gamma: self.v(gamma) for gamma in sorted(self.verify_s)}, parallel=self.parallel)
+                                  v={gamma: self.v(gamma) for gamma in sorted(self.verify_s)}, parallel=self.parallel,
+                                  int8_draft=self.int8_draft)
         if self.spread:
             figures.repeats = self.repeats
             figures.target_step_ms_spread = [1000 * s for s in self.spread["target"]]
@@ -198,4 +200,5 @@ def measure_step_costs(decoder: SpeculativeDecoder, sampling: SamplingParams, co
                      spread={"target": interquartile(timings.ar_seconds),
                              **{"c" if key == "draft" else key: interquartile(ratios)
                                 for key, ratios in timings.ratios.items()}},
-                     repeats=repeats, parallel=drafter.parallel)
+                     repeats=repeats, parallel=drafter.parallel,
+                     int8_draft=getattr(draft, "int8_weights", None) is not None)

@@ -3,6 +3,7 @@ what the step costs predict, and the step costs timed on the prompts' text and o
 
     python scripts/gamma_speed.py DRAFT [DRAFT ...] [--domain code] [--prompts 16] [--gammas 1 2 3]
                                   [--max-new-tokens 64] [--random-tokens] [--target PATH]
+                                  [--decode-weights float int8]
 
 The default target (or --target), the decode defaults' sampling (temperature 0.7, top-p 0.9), held-out prompts
 of the domain one request at a time. Each prompt is decoded once by AR and once by every draft at every gamma, in
@@ -10,7 +11,8 @@ an order that rotates from prompt to prompt, each with the prompt's own seed. Pr
 to AR with a 95% bootstrap interval over prompts, per-token acceptance and acceptance by draft position (accepted /
 tested at each position), then each draft's step costs (c, v(gamma)) on the prompts' text, twice (with
 --random-tokens also on random tokens), with the speedup they predict at the measured acceptance. Drafts of any
-kind (a parallel draft's c is its round's forward). Run it with nothing else on the cores.
+kind (a parallel draft's c is its round's forward). --decode-weights runs each draft once per setting of
+pair.draft.decode_weights (decode/int8_draft.py; default: auto alone). Run it with nothing else on the cores.
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ import time
 import numpy as np
 import torch
 
+from dataclasses import replace
+
 from decode.config import DEFAULT_TARGET, DecodeConfig
+from decode.int8_draft import DRAFT_WEIGHTS
 from decode.kinds.registry import kind_of
 from decode.models import ModelSpec
 from decode.pair import load_draft, load_pair
@@ -41,6 +46,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--random-tokens", action="store_true", help="also time the step costs on random tokens")
     parser.add_argument("--target", default=DEFAULT_TARGET, help="the target the drafts were trained for")
+    parser.add_argument("--decode-weights", nargs="+", choices=DRAFT_WEIGHTS, default=["auto"],
+                        help="each draft decodes once per setting: its own weights (float), int8, or as measured (auto)")
     args = parser.parse_args(argv)
     if args.prompts < 2 or min(args.gammas) < 1:
         parser.error("need --prompts >= 2 and every gamma >= 1")
@@ -50,8 +57,10 @@ def main(argv: list[str] | None = None) -> None:
     for number, path in enumerate(args.drafts):
         label = f"draft {number + 1}" if len(args.drafts) > 1 else "draft"
         draft = pair.draft if number == 0 else load_draft(pair.target, pair.tokenizer, ModelSpec(path=path))[0]
-        decoders[label] = pair.decoder(draft)
-        print(f"{label}: {path} ({kind_of(draft).name})")
+        for weights in args.decode_weights:
+            weighed = label if len(args.decode_weights) == 1 else f"{label} ({weights} weights)"
+            decoders[weighed] = replace(pair, draft_weights=weights).decoder(draft)
+            print(f"{weighed}: {path} ({kind_of(draft).name})")
     sampling = DecodeConfig().sampling()
     prompt_ids = pair.encode_chat([p.text for p in load_prompts(args.domain, "heldout")[: args.prompts]])
     modes = {"AR": ("AR", None), **{f"{label} gamma {g}": (label, GammaPolicy(gamma=g))

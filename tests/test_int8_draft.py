@@ -159,3 +159,22 @@ def test_how_the_draft_decodes_keeps_its_run_directory():
     assert run_directory(composed(["pair.draft.decode_weights=float"])) == base  # nothing to retrain
     assert run_directory(composed(["pair.draft.derive_layers=2"])) != base
     assert composed(["pair.draft.decode_weights=int8"]).pair.draft.decode_weights == "int8"
+
+
+def test_the_step_costs_of_an_int8_draft_say_so_in_the_record_and_the_printed_line():
+    from decode.figures import AcceptanceFigures, StepCostFigures
+    from decode.step_costs import measure_step_costs
+    from decode.stage_results import EvalResult
+    from train.pipeline import _eval_lines
+
+    pair = load_pair(ModelSpec(path="tiny-random"), ModelSpec(derive_layers=1, decode_weights="int8"))
+    costs = measure_step_costs(pair.decoder(), SamplingParams(temperature=1.0), 8, 2, repeats=1).figures()
+    assert costs.int8_draft
+    assert StepCostFigures.from_json(costs.to_json()).int8_draft
+    decoded = AcceptanceFigures(prompts=1, gamma=2)
+    result = EvalResult(draft_fingerprint="d", prompts=1, gamma=2, before=decoded, after=decoded, step_costs=costs,
+                        recommended_gamma=1, speed=None)
+    line = next(line for line in _eval_lines(result) if line.startswith("step costs"))
+    assert "draft c = " in line and "(its weights in int8)" in line
+    float_pair = load_pair(ModelSpec(path="tiny-random"), ModelSpec(derive_layers=1, decode_weights="float"))
+    assert not measure_step_costs(float_pair.decoder(), SamplingParams(temperature=1.0), 8, 2, repeats=1).int8_draft

@@ -52,6 +52,19 @@ def test_gamma_speed_prints_every_gamma_beside_ar_and_what_the_step_costs_predic
             assert float(predicted[str(gamma)]) == pytest.approx(expected, rel=0.03, abs=0.01)
 
 
+def test_gamma_speed_runs_each_draft_once_per_decode_weights_setting(tmp_path, tiny_pair, capsys):
+    tiny_pair.draft.save_pretrained(tmp_path / "draft")
+    tiny_pair.tokenizer.save_pretrained(tmp_path / "draft")
+    gamma_speed.main([str(tmp_path / "draft"), "--target", "tiny-random", "--prompts", "2", "--gammas", "1",
+                      "--max-new-tokens", "4", "--decode-weights", "float", "int8"])
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == [f"draft (float weights): {tmp_path / 'draft'} (causal_lm)",
+                         f"draft (int8 weights): {tmp_path / 'draft'} (causal_lm)"]
+    assert [line.split(":")[0] for line in lines[3:5]] == ["  draft (float weights) gamma 1",
+                                                           "  draft (int8 weights) gamma 1"]
+    assert sum("(int8 weights) step costs" in line for line in lines) == 2
+
+
 @pytest.mark.slow
 def test_data_scaling_runs_each_row_and_tabulates_what_its_run_recorded(tmp_path, capsys):
     rows = {"one": "+debug=tiny", "two": "+debug=tiny generate.answers_per_prompt=2"}

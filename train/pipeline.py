@@ -413,7 +413,8 @@ def _eval_lines(evaluated: EvalResult) -> list[str]:
     costs = evaluated.step_costs
     if costs:
         gamma = evaluated.recommended_gamma
-        each = " (one forward a round)" if costs.parallel else ""
+        each = (" (one forward a round)" if costs.parallel else "") + (" (its weights in int8)" if costs.int8_draft
+                                                                        else "")
         lines.append(f"step costs at {costs.context} tokens of context: draft c = {costs.c:.3f}{each}, verify "
                      f"v({gamma}) = {costs.v[gamma]:.2f} of one AR step; recommended gamma {gamma}")
     speed = evaluated.speed
