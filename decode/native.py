@@ -151,6 +151,20 @@ def decided_step_padding(runner: NativeLlamaRunner, weights: list[torch.Tensor])
     return _step_padding[key]
 
 
+_int8_step_padding: dict[tuple, StepPadding] = {}
+
+
+def int8_step_padding(runner: NativeLlamaRunner) -> StepPadding:
+    """The runner's 1-token step padding measured again on its int8 kernels, once per process for a device and its
+    weight shapes; unmeasured where the float one was."""
+    if not runner._float_step_padding.contexts:
+        return runner._float_step_padding
+    key = (str(runner.device), runner.weight_shapes())
+    if key not in _int8_step_padding:
+        _int8_step_padding[key] = runner.time_step_padding()
+    return _int8_step_padding[key]
+
+
 class NativeLlamaRunner(CausalLMRunner):
     def __init__(self, model: nn.Module, vocab_size: int):
         reason = native_unsupported_reason(model)
@@ -179,10 +193,11 @@ class NativeLlamaRunner(CausalLMRunner):
         self._weights = [self.head] + projection_weights(self.layers)
         # a draft's weights packed in int8 (decode/int8_draft.py), by id: None while it runs on its own weights
         self.int8_weights: dict[int, object] | None = None
+        self._packs: dict[int, object] | None = None
         self.skinny_route = skinny_route(self._weights)
         # whether a 1-token forward (an AR step, a draft step) runs padded with a dummy token: measured after the
         # matmul route, on the whole forward
-        self.step_padding = decided_step_padding(self, self._weights)
+        self.step_padding = self._float_step_padding = decided_step_padding(self, self._weights)
 
     def linear(self, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         """F.linear, through the kernel this machine measured fastest for x's row count and this weight's shape (or
@@ -199,23 +214,24 @@ class NativeLlamaRunner(CausalLMRunner):
         return tuple(tuple(weight.shape) for weight in self._weights)
 
     def use_int8_weights(self, int8: bool) -> None:
-        """A draft's linear weights packed in int8 from now on (False: its own again). The packs are made from the
-        weights as they are now: a runner is made per decoder, after training. A 1-token step's padding is measured
-        again for the kernels it now runs."""
+        """A draft's linear weights in int8 from now on (False: its own again), its 1-token step padded as measured
+        for the kernels it then runs. The packs are made once, from the weights as they are then: a runner is made
+        per decoder, after training."""
         if not int8:
-            self.int8_weights = None
-            return
-        if self.int8_weights is None:
-            self.int8_weights = {id(weight): pack_int8(weight) for weight in self._weights}
-            if self.step_padding.contexts:  # measured for the float kernels
-                self.step_padding = self.time_step_padding()
+            self.int8_weights, self.step_padding = None, self._float_step_padding
+        elif self.int8_weights is None:
+            self.int8_weights = self._int8_packs()
+            self.step_padding = int8_step_padding(self)
+
+    def _int8_packs(self) -> dict[int, object]:
+        if self._packs is None:
+            self._packs = {id(weight): pack_int8(weight) for weight in self._weights}
+        return self._packs
 
     def time_int8_weights(self, measure):
         """measure(step) with step(int8) one draft step of STEP_TOKENS tokens after CONTEXT cached ones (zeros: only
-        the time counts) on a cache of its own; the runner is left on its float weights."""
-        saved = self.cache
-        self.use_int8_weights(True)
-        packed, self.int8_weights = self.int8_weights, None
+        the time counts) on a cache of its own; the runner is left as it was."""
+        saved, saved_weights, packed = self.cache, self.int8_weights, self._int8_packs()
         self.reset(1, CONTEXT + STEP_TOKENS + 1)
         tokens = torch.zeros(1, STEP_TOKENS, dtype=torch.long, device=self.device)
         start = torch.tensor([CONTEXT], device=self.device)
@@ -229,7 +245,7 @@ class NativeLlamaRunner(CausalLMRunner):
             with torch.inference_mode():
                 return measure(step)
         finally:
-            self.cache, self.captured, self.int8_weights = saved, None, None
+            self.cache, self.captured, self.int8_weights = saved, None, saved_weights
 
     def reset(self, batch_size: int, max_len: int) -> None:
         if max_len > self._rope_len:

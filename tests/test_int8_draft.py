@@ -76,6 +76,26 @@ def test_the_runner_runs_the_int8_weights_it_packed_and_goes_back():
     assert torch.equal(logits(), float_logits)
 
 
+def test_the_step_padding_is_measured_again_on_the_int8_kernels_and_back_on_float(monkeypatch):
+    import decode.native as native
+    from decode.matmul_route import StepPadding
+
+    draft = tiny_llama(64, num_layers=2, hidden_size=32, seed=3, init_std=0.1)
+    runner = NativeLlamaRunner(draft, 64)
+    measured_float = StepPadding((32, 512), ((0.9,), (0.9,)), (1.0, 1.0), (0.9, 0.9))  # as if timed: padded
+    measured_int8 = StepPadding((32, 512), ((1.2,), (1.2,)), (1.0, 1.0), (1.2, 1.2))
+    runner.step_padding = runner._float_step_padding = measured_float
+    timed = []
+    monkeypatch.setattr(runner, "time_step_padding", lambda: timed.append(runner.int8_weights) or measured_int8)
+    monkeypatch.setattr(native, "_int8_step_padding", {})
+    runner.use_int8_weights(True)
+    assert runner.step_padding is measured_int8 and timed[0] is runner.int8_weights  # timed on the int8 kernels
+    runner.use_int8_weights(False)
+    assert runner.step_padding is measured_float
+    runner.use_int8_weights(True)
+    assert runner.step_padding is measured_int8 and len(timed) == 1  # once per process for these shapes
+
+
 def test_the_timed_int8_step_leaves_the_runner_as_it_was():
     draft = tiny_llama(64, num_layers=2, hidden_size=32, seed=3, init_std=0.1)
     runner = NativeLlamaRunner(draft, 64)
@@ -84,7 +104,7 @@ def test_the_timed_int8_step_leaves_the_runner_as_it_was():
     ran = []
     decision = runner.time_int8_weights(lambda step: ran.extend([step(True), step(False)]) or Int8Decision(True))
     assert decision.int8 and len(ran) == 2
-    assert runner.cache is cache and runner.int8_weights is None
+    assert runner.cache is cache and runner.int8_weights is None and runner.step_padding is runner._float_step_padding
 
 
 def test_settings_choose_refuse_and_skip_what_cannot_pay():

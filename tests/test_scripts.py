@@ -12,7 +12,8 @@ import pytest
 from decode.cost_model import predicted_speedup
 from decode.run_summary import read_summary
 from decode.serving.vllm_server import ServerError, find_python
-from scripts import data_scaling, gamma_speed
+from decode.sampling import SamplingParams
+from scripts import data_scaling, draft_weights_acceptance, gamma_speed
 
 ROOT = Path(__file__).resolve().parents[1]
 MODE = re.compile(r"  draft gamma (\d+): ([\d.]+) tok/s = ([\d.]+)x AR \[([\d.]+), ([\d.]+)\], "
@@ -63,6 +64,17 @@ def test_gamma_speed_runs_each_draft_once_per_decode_weights_setting(tmp_path, t
     assert [line.split(":")[0] for line in lines[3:5]] == ["  draft (float weights) gamma 1",
                                                            "  draft (int8 weights) gamma 1"]
     assert sum("(int8 weights) step costs" in line for line in lines) == 2
+
+
+def test_draft_weights_acceptance_scores_the_draft_on_float_and_int8_weights(tiny_pair):
+    sequences = [([5, 9, 11, 2, 40, 41, 42, 43, 44], 3), ([7, 7, 1, 30, 31, 32], 2)]
+    samplings = {"t1": SamplingParams(temperature=1.0), "t0.7": SamplingParams(temperature=0.7, top_p=0.9)}
+    figures = draft_weights_acceptance.acceptance_by_weights(tiny_pair, sequences, samplings)
+    assert set(figures) == {"float", "int8"} and all(set(by) == set(samplings) for by in figures.values())
+    for name in samplings:
+        assert 0 < figures["float"][name] <= 1 and 0 < figures["int8"][name] <= 1
+        assert figures["int8"][name] == pytest.approx(figures["float"][name], abs=0.05)
+    assert figures["int8"] != figures["float"]  # the int8 weights did decode
 
 
 @pytest.mark.slow
