@@ -2,7 +2,6 @@
 refused where it cannot run, and exact: the target's distribution and greedy output are what they were."""
 
 import copy
-import itertools
 
 import pytest
 import torch
@@ -16,8 +15,7 @@ from decode.pair import load_pair
 from decode.sampling import SamplingParams
 from decode.speculative import GammaPolicy, SpeculativeDecoder
 from decode.tiny import tiny_llama
-from tests.test_speculative_exactness import (SETTINGS, VOCAB, decoder_p_value, models, speculative_p_value,  # noqa: F401
-                                              wrong_rule)
+from tests.test_speculative_exactness import SETTINGS, VOCAB, decoder_p_value, models, wrong_rule  # noqa: F401
 
 
 def test_an_int8_linear_is_the_float_product_within_its_rounding():
@@ -36,16 +34,12 @@ def test_an_int8_linear_is_the_float_product_within_its_rounding():
 
 def fake_clock(seconds_by_int8):
     """A clock under which step(int8) takes seconds_by_int8[int8]."""
-    now = itertools.count()
     state = {"t": 0.0}
 
     def step(int8):
         state["t"] += seconds_by_int8[int8]
 
-    def clock():
-        next(now)
-        return state["t"]
-    return step, clock
+    return step, lambda: state["t"]
 
 
 @pytest.mark.parametrize("float_s, int8_s, chosen", [(0.005, 0.003, True), (0.005, 0.0047, False),
