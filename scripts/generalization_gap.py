@@ -9,7 +9,8 @@ training prompts: `python -m train +domain=code 'stages=[generate]' generate.ans
 beside the cached four), and the validation answers (prompts of templates it never saw). Then, for its own answers
 and validation, the same figure split by the target's next token: a copy of the context (the two tokens before it
 occurred earlier, followed by it) or not, the target sure of it or not; how often the draft repeats a random
-sequence it has just read (an induction head's work); and the target's probability under the sampling on tokens
+sequence it has just read (an induction head's work), and one it read --repeat-gaps tokens before (windows of the
+validation answers between); and the target's probability under the sampling on tokens
 outside the draft's kept vocabulary: mass no draft step can accept. A head over the target's states (an EAGLE-3
 head) is scored at its first draft step, on the target's states at its capture layers, computed here.
 
@@ -116,15 +117,21 @@ def acceptance_by_kind(examples: list[Example], accepted: list[list[float]]) -> 
 
 
 @torch.no_grad()
-def repeat_accuracy(model, token_ids: torch.Tensor, length: int = 50, rows: int = 16, seed: int = 0) -> float:
+def repeat_accuracy(model, token_ids: torch.Tensor, length: int = 50, rows: int = 16, seed: int = 0,
+                    filler: torch.Tensor | None = None, gap: int = 0) -> float:
     """How often the model's most likely next token (among token_ids) repeats a random sequence of `length` of
-    token_ids it has just read: near 1 for a model with induction heads (the default target: 0.82), near 0 for one
-    that can only guess continuations it knows."""
+    token_ids it has read `gap` tokens before (windows of `filler` between the readings): near 1 for a model with
+    induction heads (the default target: 0.82 right after), near 0 for one that can only guess continuations it
+    knows."""
     generator = torch.Generator().manual_seed(seed)
     sequence = token_ids[torch.randint(len(token_ids), (rows, length), generator=generator)]
-    repeated = torch.cat([sequence, sequence], dim=1)
-    logits = model(input_ids=repeated, use_cache=False).logits[:, length:-1][..., token_ids]
-    return (token_ids[logits.argmax(-1)] == repeated[:, length + 1:]).float().mean().item()
+    between = sequence[:, :0]
+    if gap:
+        starts = torch.randint(len(filler) - gap + 1, (rows,), generator=generator).tolist()
+        between = torch.stack([filler[start: start + gap] for start in starts])
+    repeated = torch.cat([sequence, between, sequence], dim=1)
+    logits = model(input_ids=repeated, use_cache=False).logits[:, length + gap:-1][..., token_ids]
+    return (token_ids[logits.argmax(-1)] == repeated[:, length + gap + 1:]).float().mean().item()
 
 
 class HeadAsModel:
@@ -187,6 +194,9 @@ def main() -> None:
     parser.add_argument("--answers", action="append", default=[], metavar="NAME=DIR",
                         help="another answers dataset (a generate cache directory) to score")
     parser.add_argument("--sequences", type=int, default=160, help="answers scored from each training set")
+    parser.add_argument("--repeat-gaps", type=int, nargs="*", default=[300, 1000], metavar="N",
+                        help="the repeat probe again with N tokens of text between the readings (copying across a "
+                             "long prompt)")
     parser.add_argument("--train-data", type=Path, help="the answers it trained on (default: the run's summary)")
     parser.add_argument("--validation-data", type=Path)
     args = parser.parse_args()
@@ -232,6 +242,11 @@ def main() -> None:
     copy_ids = kept_ids if kept_ids is not None else torch.arange(draft.config.vocab_size)
     print(f"the draft repeating a random sequence of 50 tokens it has just read, its most likely token right: "
           f"{repeat_accuracy(draft, copy_ids):.2f} of the time")
+    filler = torch.tensor([token for example in sets["validation (unseen prompts and templates)"]
+                           for token in example.input_ids])
+    for gap in args.repeat_gaps:
+        print(f"  with {gap} tokens of the validation answers between the readings: "
+              f"{repeat_accuracy(draft, copy_ids, filler=filler, gap=gap):.2f}")
     if kept_ids is not None:
         for name in ("the answers it trained on", "validation (unseen prompts and templates)"):
             share = mass_outside(sets[name], kept_ids, draft.config.vocab_size, sampling)

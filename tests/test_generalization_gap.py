@@ -85,7 +85,11 @@ def test_acceptance_by_kind_splits_the_tokens_by_copy_and_by_how_sure_the_target
 
 class Repeater(torch.nn.Module):
     """A model whose most likely next token is the one that followed the current token's last earlier occurrence
-    (what an induction head predicts), else token 0."""
+    within `reach` tokens back (what an induction head predicts), else token 0."""
+
+    def __init__(self, reach: int = 10**6):
+        super().__init__()
+        self.reach = reach
 
     def forward(self, input_ids, use_cache=False):
         rows, length = input_ids.shape
@@ -93,7 +97,7 @@ class Repeater(torch.nn.Module):
         for row in range(rows):
             ids = input_ids[row].tolist()
             for position, token in enumerate(ids):
-                earlier = [at for at in range(position) if ids[at] == token]
+                earlier = [at for at in range(max(0, position - self.reach), position) if ids[at] == token]
                 logits[row, position, ids[earlier[-1] + 1] if earlier else 0] = 1.0
         return SimpleNamespace(logits=logits)
 
@@ -103,6 +107,14 @@ def test_repeat_accuracy_is_one_for_a_model_that_copies_and_near_zero_for_one_th
     # short rows, so that a token seldom occurs twice in one (the Repeater would then follow its later occurrence)
     assert repeat_accuracy(Repeater(), token_ids, length=2, rows=64) > 0.95
     assert repeat_accuracy(tiny_llama(VOCAB, init_std=0.3), token_ids, length=8, rows=8) < 0.5
+
+
+def test_with_a_gap_the_first_reading_lies_that_far_back_behind_the_filler():
+    token_ids, filler = torch.arange(1, VOCAB), torch.zeros(100, dtype=torch.long)
+    assert repeat_accuracy(Repeater(), token_ids, length=2, rows=64, filler=filler, gap=40) > 0.95
+    short_reach = Repeater(reach=20)  # copies what it read within 20 tokens alone
+    assert repeat_accuracy(short_reach, token_ids, length=2, rows=64) > 0.95
+    assert repeat_accuracy(short_reach, token_ids, length=2, rows=64, filler=filler, gap=40) < 0.05
 
 
 def test_an_eagle3_head_is_scored_at_its_first_step_causally_and_alike_in_a_padded_batch():

@@ -1,6 +1,7 @@
 """The measuring scripts of scripts/ (gamma_speed, data_scaling, check_engines) run end to end on tiny models: what
 each prints agrees with itself and with the runs it made."""
 
+import json
 import math
 import re
 import subprocess
@@ -118,3 +119,30 @@ def test_check_engines_reads_the_eagle3_export_with_vllms_own_config_class():
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     assert "ok: vLLM SpeculatorsConfig: {'method': 'eagle3', 'num_speculative_tokens': 3}" in result.stdout
     assert "layers [0, 1, 3]" in result.stdout and "not checked: sglang is not installed" in result.stdout
+
+
+def test_document_prompts_keeps_each_files_first_long_document_after_a_validation_instruction(tmp_path, tokenizer):
+    from distill.magpie import summarization_instructions
+    from scripts import document_prompts
+
+    corpus = tmp_path / "corpus"
+    (corpus / "packages").mkdir(parents=True)
+    paragraph = "The parser reads each line of the file and keeps the words that name a setting of the tool."
+    (corpus / "packages" / "a.md").write_text("\n\n".join(f"{paragraph} Part {index}." for index in range(12)))
+    (corpus / "packages" / "b.txt").write_text("Too short to be a document here at all, one line of words.")
+    (corpus / "packages" / "c.bin").write_bytes(bytes(range(256)))
+    (corpus / "other.md").write_text("\n\n".join(f"{paragraph} Elsewhere {index}." for index in range(12)))
+    tokenizer_dir = tmp_path / "tokenizer"
+    tokenizer.save_pretrained(tokenizer_dir)
+    output = tmp_path / "long.jsonl"
+    document_prompts.main(["--tokenizer", str(tokenizer_dir), "--corpus", str(corpus), "--under", "packages/",
+                           "--min-tokens", "300", "--max-tokens", "600", "-o", str(output)])
+    rows = [json.loads(line) for line in output.read_text().splitlines()]
+    assert len(rows) == 1  # one document a file; b.txt too short, c.bin no text, other.md not under packages/
+    instruction, document = rows[0]["prompt"].split("\n\n", 1)
+    assert instruction in summarization_instructions("validation") and rows[0]["domain"] == "summarization"
+    assert document.startswith(paragraph + " Part 0.") and len(tokenizer(document).input_ids) >= 300
+    assert "Part 11." not in document  # the run ends within --max-tokens, before the file does
+    with pytest.raises(SystemExit):
+        document_prompts.main(["--tokenizer", str(tokenizer_dir), "--corpus", str(corpus), "--under", "nothing/",
+                               "-o", str(output)])

@@ -94,6 +94,7 @@ def test_running_without_a_domain_names_the_domains(compose_train, tmp_path):
     (["stages=[train,deploy]"], "stages must be a non-empty list"),
     (["method.on_policy_answers=-1"], "on_policy_answers and method.on_policy_from_epoch must be >= 0"),
     (["method.repeat_rows=-1"], "method.repeat_rows must be >= 0"),
+    (["method.repeat_gap=-5"], "method.repeat_gap must be >= 0"),
     (["decode.llama_cpp_lookup=ngram-map-k:2:8"], "decode.llama_cpp_lookup is not for python -m train"),
     (["method.on_policy_answers=1", "method.on_policy_from_epoch=9"], "must be below method.epochs"),
     (["generate.answers_per_prompt=0"], "generate.answers_per_prompt must be >= 1"),

@@ -72,6 +72,9 @@ class MethodConfig:
     # With them the default draft repeats such a sequence 0.77 of the time (0.00 without) and accepts more of the
     # validation answers (BENCHMARKS.md)
     repeat_rows: Optional[int] = None
+    # up to this many tokens of the training sequences between a random sequence's two readings (each row's gap
+    # uniform from 0): copies reach back that far in long prompts (0: the second reading right after the first)
+    repeat_gap: int = 0
     # a checkpoint of the default draft and its optimizer is 0.5 GB (about 1.7 s to write on a CPU VM) and a
     # validation pass about 2.5 s: every 24 steps they took a quarter of the train stage
     checkpoint_every: int = 100

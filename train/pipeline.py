@@ -89,6 +89,9 @@ def validate(config: TrainConfig) -> None:
     if method.repeat_rows is not None and method.repeat_rows < 0:
         raise ConfigError(f"method.repeat_rows must be >= 0 (0: no random sequences read twice), got "
                           f"{method.repeat_rows}")
+    if method.repeat_gap < 0:
+        raise ConfigError(f"method.repeat_gap must be >= 0 (0: the second reading right after the first), got "
+                          f"{method.repeat_gap}")
     if method.on_policy_answers < 0 or method.on_policy_from_epoch < 0:
         raise ConfigError(f"method.on_policy_answers and method.on_policy_from_epoch must be >= 0, got "
                           f"{method.on_policy_answers} and {method.on_policy_from_epoch}")

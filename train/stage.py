@@ -41,7 +41,8 @@ def run_train(ctx: RunContext, method: MethodConfig, settings: KindSettings, dom
         kept = most_probable_tokens(target_mass(train_examples), method.prune_vocab, _always_kept_tokens(ctx),
                                     ctx.pair.vocab_size)
     recorded_k = len(train_examples[0].target_top_ids[0])  # below top_k_logprobs where a server capped it
-    repeats = _repeat_examples(ctx, kind.repeat_rows(method), method, generate, kept, recorded_k)
+    repeats = _repeat_examples(ctx, kind.repeat_rows(method), method, generate, kept, recorded_k,
+                               [token for example in train_examples for token in example.input_ids])
     draft = kind.starting_draft(ctx.pair, method, settings, kept, ctx.seed)
     draft_vocab_size = kind.draft_vocab_size(draft, ctx.pair.vocab_size)
     # the random sequences apart from the answers: what a head reads beside them is cached by each list's tokens
@@ -75,9 +76,10 @@ def run_train(ctx: RunContext, method: MethodConfig, settings: KindSettings, dom
 
 
 def _repeat_examples(ctx: RunContext, rows: int, method: MethodConfig, generate: GenerateConfig,
-                     kept: list[int] | None, top_k_logprobs: int) -> list:
+                     kept: list[int] | None, top_k_logprobs: int, filler: list[int]) -> list:
     """`rows` random sequences read twice (method.repeat_rows), of the tokens the draft keeps (none of the special
-    ones), labelled by the target as the answers were."""
+    ones), up to method.repeat_gap tokens of the training sequences (`filler`, one after the other) between the
+    readings, labelled by the target as the answers were."""
     if not rows:
         return []
     special = set(_always_kept_tokens(ctx))
@@ -85,7 +87,7 @@ def _repeat_examples(ctx: RunContext, rows: int, method: MethodConfig, generate:
     with answering_server(generate, ctx.target_spec, ctx.pair.eos_token_ids, ctx.run_dir / "train_server.log",
                           ctx.pair.vocab_size, model_fingerprint(ctx.target_spec)) as served:
         examples = repeat_examples(target_labels(generate, ctx.pair.target_runner, served), token_ids, rows,
-                                   top_k_logprobs, method.max_length, ctx.seed)
+                                   top_k_logprobs, method.max_length, ctx.seed, filler, method.repeat_gap)
     release_idle_memory()  # the target's runner and weights' pages, which training never reads
     return examples
 
