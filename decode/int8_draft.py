@@ -14,6 +14,7 @@ for the target, whose weights are what the decoder reproduces.
 
 from __future__ import annotations
 
+import functools
 import logging
 import statistics
 import time
@@ -86,6 +87,12 @@ def measure_int8(step: Callable[[bool], object], pairs: int = PAIRS,
 def int8_unavailable_reason(runner) -> str | None:
     if runner.device.type != "cpu":
         return f"int8 draft weights run on a CPU only, not {runner.device.type}"
+    return _cpu_kernel_missing()
+
+
+@functools.cache
+def _cpu_kernel_missing() -> str | None:
+    """Why this torch build cannot run the int8 product on a CPU (None: it can), tried once per process."""
     try:
         int8_linear(torch.ones(1, 8), pack_int8(torch.ones(8, 8)), None)
     except (RuntimeError, AttributeError, NotImplementedError) as error:

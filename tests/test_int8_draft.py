@@ -7,6 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from decode import int8_draft
 from decode.errors import PairError
 from decode.int8_draft import Int8Decision, choose_draft_weights, int8_linear, measure_int8, pack_int8
 from decode.models import ModelSpec
@@ -112,6 +113,25 @@ def test_settings_choose_refuse_and_skip_what_cannot_pay():
         choose_draft_weights(runner, "fp8")
     with pytest.raises(PairError, match=r"decode_weights must be one of .* got 'q4'"):
         load_pair(ModelSpec(path="tiny-random"), ModelSpec(derive_layers=1, decode_weights="q4"))
+
+
+def test_a_torch_without_the_int8_kernel_is_found_once_and_refuses_int8(monkeypatch):
+    tried = []
+
+    def missing(*args):
+        tried.append(args)
+        raise NotImplementedError("no kernel")
+
+    monkeypatch.setattr(int8_draft, "int8_linear", missing)
+    int8_draft._cpu_kernel_missing.cache_clear()
+    try:
+        runner = NativeLlamaRunner(tiny_llama(64, num_layers=2, hidden_size=32, seed=3, init_std=0.1), 64)
+        with pytest.raises(PairError, match="no int8 weight kernel for a CPU"):
+            choose_draft_weights(runner, "int8")
+        assert not choose_draft_weights(runner, "auto").int8 and runner.int8_weights is None
+        assert len(tried) == 1  # the kernel is tried once per process, not per runner or per setting
+    finally:
+        int8_draft._cpu_kernel_missing.cache_clear()
 
 
 def test_a_pair_asked_for_int8_drafts_on_int8_weights():
