@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import re
 from pathlib import PurePosixPath
-from typing import Callable
+from typing import Callable, Iterator
 
 from distill.corpus import TEXT_SUFFIXES, Unusable, corpus_files, corpus_location
 from distill.data import Prompt
@@ -59,16 +59,20 @@ def text_documents(text: str, tokens_of: Callable[[str], int], max_tokens: int) 
     return documents
 
 
-def corpus_documents(corpus: str, count: int, max_tokens: int, seed: int,
-                     tokens_of: Callable[[str], int]) -> list[str]:
-    """Up to `count` documents of the corpus's text files (domain.corpus's forms), drawn by `seed`."""
-    found = []
+def file_documents(corpus: str, tokens_of: Callable[[str], int], max_tokens: int) -> Iterator[tuple[str, list[str]]]:
+    """(name, its documents) of each readable text file of the corpus (domain.corpus's forms), in its order."""
     for name, read in corpus_files(corpus_location(corpus)):
         if PurePosixPath(name).suffix.lower() in TEXT_SUFFIXES:
             try:
-                found += text_documents(read(), tokens_of, max_tokens)
+                yield name, text_documents(read(), tokens_of, max_tokens)
             except Unusable:
                 continue
+
+
+def corpus_documents(corpus: str, count: int, max_tokens: int, seed: int,
+                     tokens_of: Callable[[str], int]) -> list[str]:
+    """Up to `count` documents of the corpus's text files, drawn by `seed`."""
+    found = [document for _, documents in file_documents(corpus, tokens_of, max_tokens) for document in documents]
     random.Random(seed).shuffle(found)
     return found[:count]
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 from transformers import AutoTokenizer
 
-from distill.corpus import TEXT_SUFFIXES, Unusable, corpus_files, corpus_location
-from distill.documents import text_documents
+from distill.documents import file_documents
 from distill.installed_docs import INSTALLED_DOCS
 from distill.magpie import documents_to_summarize, summarization_instructions
 
@@ -29,14 +28,9 @@ from distill.magpie import documents_to_summarize, summarization_instructions
 def first_documents(corpus: str, under: str, min_tokens: int, max_tokens: int, tokens_of) -> list[str]:
     """Each text file's first document of at least min_tokens, in the corpus's order of files."""
     found = []
-    for name, read in corpus_files(corpus_location(corpus)):
-        if not name.startswith(under) or PurePosixPath(name).suffix.lower() not in TEXT_SUFFIXES:
-            continue
-        try:
-            documents = text_documents(read(), tokens_of, max_tokens)
-        except Unusable:
-            continue
-        found += [document for document in documents if tokens_of(document) >= min_tokens][:1]
+    for name, documents in file_documents(corpus, tokens_of, max_tokens):
+        if name.startswith(under):
+            found += [document for document in documents if tokens_of(document) >= min_tokens][:1]
     return found
 
 

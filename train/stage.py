@@ -41,8 +41,8 @@ def run_train(ctx: RunContext, method: MethodConfig, settings: KindSettings, dom
         kept = most_probable_tokens(target_mass(train_examples), method.prune_vocab, _always_kept_tokens(ctx),
                                     ctx.pair.vocab_size)
     recorded_k = len(train_examples[0].target_top_ids[0])  # below top_k_logprobs where a server capped it
-    repeats = _repeat_examples(ctx, kind.repeat_rows(method), method, generate, kept, recorded_k,
-                               [token for example in train_examples for token in example.input_ids])
+    filler = [token for example in train_examples for token in example.input_ids] if method.repeat_gap else []
+    repeats = _repeat_examples(ctx, kind.repeat_rows(method), method, generate, kept, recorded_k, filler)
     draft = kind.starting_draft(ctx.pair, method, settings, kept, ctx.seed)
     draft_vocab_size = kind.draft_vocab_size(draft, ctx.pair.vocab_size)
     # the random sequences apart from the answers: what a head reads beside them is cached by each list's tokens
